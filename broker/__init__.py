@@ -1,0 +1,1 @@
+"""The management server (`sandbox-server`). Nothing imports `broker`."""

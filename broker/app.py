@@ -1,0 +1,116 @@
+"""Assembles the server: services, the aiohttp application and its components.
+
+A *component* is a part of the server with a lifecycle (the agent-link gRPC server, the session
+hub, the fleet, the task scheduler, …). Each one adds its routes while the app is built and is
+started and stopped in order by `Server`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from pathlib import Path
+from typing import Protocol
+
+from aiohttp import web
+
+from broker.auth import routes as auth_routes
+from broker.auth.ratelimit import RateLimiter
+from broker.auth.service import AuthService
+from broker.config import Settings
+from broker.dashboard import install_dashboard
+from broker.http import health
+from broker.http.middleware import (
+    auth_middleware,
+    request_context_middleware,
+    security_headers_middleware,
+)
+from broker.http.problems import problem_middleware
+from broker.observability import routes as obs_routes
+from broker.observability.audit import AuditLog
+from broker.observability.events import EventBus
+from broker.observability.metrics import Metrics
+from broker.secrets import routes as secret_routes
+from broker.secrets.vault import Vault
+from broker.services import SERVICES, Services
+from broker.store import Database
+
+log = logging.getLogger(__name__)
+
+
+class Component(Protocol):
+    """A part of the server with routes and a lifecycle."""
+
+    name: str
+
+    def install(self, app: web.Application) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def build_services(settings: Settings) -> Services:
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.chmod(0o711)  # guests' files below are opened by libvirt's qemu user
+    except PermissionError:
+        pass
+    db = Database(settings.effective_database_url)
+    await db.migrate()
+    metrics = Metrics()
+    events = EventBus(db, ring_size=settings.events_ring_size, retention=settings.events_retention)
+    events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
+    audit = AuditLog(db)
+    svc = Services(
+        settings=settings,
+        db=db,
+        events=events,
+        audit=audit,
+        metrics=metrics,
+        auth=AuthService(db, web_session_ttl=settings.web_session_ttl_seconds),
+        vault=Vault(db, data_dir / "secrets.key"),
+        ratelimit=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        server_id=secrets.token_hex(6),
+        started_at=dt.datetime.now(dt.UTC),
+    )
+    metrics.build_info.labels(health.VERSION).set(1)
+    await events.start()
+    await audit.start()
+    await svc.vault.teach_redactor()
+    return svc
+
+
+def create_app(svc: Services, components: list[Component]) -> web.Application:
+    app = web.Application(
+        middlewares=[
+            request_context_middleware,
+            problem_middleware,
+            security_headers_middleware,
+            auth_middleware,
+        ],
+        client_max_size=svc.settings.max_body_bytes,
+    )
+    app[SERVICES] = svc
+    for routes in (health.api, auth_routes.api, secret_routes.api, obs_routes.api):
+        routes.install(app)
+    if svc.settings.metrics_access.value != "listener":
+        obs_routes.install_metrics(app)
+    for component in components:
+        component.install(app)
+    install_dashboard(app)
+    return app
+
+
+async def close_services(svc: Services) -> None:
+    await svc.events.close()
+    await svc.audit.close()
+    await svc.db.close()
+
+
+def token_file_message(path: Path | None, settings: Settings) -> str:
+    if path is not None:
+        return f"admin token written to {path} (mode 0600; shown nowhere else)"
+    return f"admin token: see {settings.effective_admin_token_file} (created on first start)"

@@ -1,0 +1,243 @@
+"""Server configuration: `SANDBOX_*` environment variables over an optional TOML file.
+
+Every setting has a working default on one machine. Unknown keys (in the file or as `SANDBOX_*`
+variables) and invalid values fail start-up with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "SANDBOX_"
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the key and the problem."""
+
+
+class MetricsAccess(StrEnum):
+    token = "token"  # on the main listener, needs any operator token
+    public = "public"  # on the main listener, anonymous (only sensible on loopback)
+    listener = "listener"  # on a separate listener (SANDBOX_METRICS_LISTEN), anonymous
+
+
+class EventLoop(StrEnum):
+    auto = "auto"
+    asyncio = "asyncio"
+    uvloop = "uvloop"
+
+
+def default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/agentic-sandbox")
+    return Path.home() / ".local" / "share" / "agentic-sandbox"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:port`) and check both parts."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    return host, port
+
+
+class Settings(BaseSettings):
+    """All server settings. Field `foo_bar` is `SANDBOX_FOO_BAR` or `foo_bar` in the TOML file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True
+    )
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    http_listen: str = "127.0.0.1:8122"
+    grpc_listen: str = "127.0.0.1:8120"
+    database_url: str | None = None
+    libvirt_uri: str = Field(
+        default="qemu:///system",
+        description="libvirt URI of the local host; empty disables libvirt (no fleet)",
+    )
+    public_url: str | None = None
+
+    log_level: str = "INFO"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+    event_loop: EventLoop = EventLoop.auto
+
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0, le=600)
+
+    metrics_access: MetricsAccess = MetricsAccess.token
+    metrics_listen: str = "127.0.0.1:8123"
+
+    admin_token_file: Path | None = None  # default: <data_dir>/admin-token
+    cookie_secure: bool = False  # set when the public URL is https
+    web_session_ttl_seconds: int = Field(default=12 * 3600, ge=60)
+
+    rate_limit_per_minute: int = Field(default=600, ge=1)
+    rate_limit_burst: int = Field(default=120, ge=1)
+
+    events_ring_size: int = Field(default=10_000, ge=100, le=10_000_000)
+    events_retention: int = Field(default=1_000_000, ge=1000)
+    sse_client_queue: int = Field(default=1000, ge=10, le=1_000_000)
+
+    @field_validator("http_listen", "grpc_listen", "metrics_listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        upper = value.upper()
+        if upper not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+        return upper
+
+    @field_validator("database_url")
+    @classmethod
+    def _db_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
+            raise ValueError("must start with sqlite+aiosqlite:// or postgresql+asyncpg://")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _absolute_paths(self) -> Settings:
+        if not self.data_dir.is_absolute():
+            raise ValueError("data_dir must be an absolute path")
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def http_address(self) -> tuple[str, int]:
+        return parse_listen(self.http_listen)
+
+    @property
+    def grpc_address(self) -> tuple[str, int]:
+        return parse_listen(self.grpc_listen)
+
+    @property
+    def metrics_address(self) -> tuple[str, int]:
+        return parse_listen(self.metrics_listen)
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'sandbox.db'}"
+
+    @property
+    def effective_public_url(self) -> str:
+        if self.public_url:
+            return self.public_url
+        host, port = self.http_address
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+    @property
+    def effective_admin_token_file(self) -> Path:
+        return self.admin_token_file or self.data_dir / "admin-token"
+
+    @property
+    def libvirt_enabled(self) -> bool:
+        return bool(self.libvirt_uri)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment wins over the file (passed as init kwargs by load_settings).
+        return (env_settings, init_settings)
+
+
+def _format_validation_error(exc: ValidationError, origin: dict[str, str]) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(config)"
+        where = origin.get(key, "")
+        lines.append(f"{key}{where}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def load_settings(config_file: Path | None = None) -> Settings:
+    """Build Settings from an optional TOML file and `SANDBOX_*` variables.
+
+    Raises ConfigError naming the bad key for unknown keys, unreadable files or invalid values.
+    """
+    env = os.environ
+    known = set(Settings.model_fields)
+    origin: dict[str, str] = {}
+
+    unknown_env = sorted(
+        k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
+    )
+    # A few variables belong to tools around the server, not to it.
+    unknown_env = [k for k in unknown_env if k not in _NOT_SERVER_SETTINGS]
+    if unknown_env:
+        raise ConfigError(
+            f"unknown setting {unknown_env[0]} (environment); known settings: "
+            + ", ".join(ENV_PREFIX + k.upper() for k in sorted(known))
+        )
+
+    file_values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            file_values = tomllib.loads(config_file.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        for key in file_values:
+            if key not in known:
+                raise ConfigError(f"unknown setting {key!r} in {config_file}")
+            origin[key] = f" (in {config_file})"
+    for key in known:
+        if ENV_PREFIX + key.upper() in env:
+            origin[key] = f" (environment {ENV_PREFIX}{key.upper()})"
+
+    try:
+        return Settings(**file_values)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from None
+
+
+# SANDBOX_* variables read by scripts and tests rather than by the server itself.
+_NOT_SERVER_SETTINGS = frozenset(
+    {
+        "SANDBOX_TEST_CACHE",
+        "SANDBOX_TEST_POSTGRES_URL",
+        "SANDBOX_SKIP_TIERS",
+        "SANDBOX_URL",
+        "SANDBOX_TOKEN",
+        "SANDBOX_CONTEXT",
+        "SANDBOX_CONFIG",
+    }
+)

@@ -1,0 +1,34 @@
+"""Base models for API input and output, and shared field types."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+InstanceId = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$"),
+    Field(description="instance id: [a-z0-9][a-z0-9-]{0,62}"),
+]
+SubjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")]
+
+
+class Input(BaseModel):
+    """Request bodies and queries: unknown fields are an error, never silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class Output(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ListQuery(Input):
+    limit: int = Field(default=100, ge=1, le=1000)
+    cursor: str | None = Field(default=None, max_length=200)
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

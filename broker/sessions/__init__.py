@@ -1,0 +1,1 @@
+"""PTY sessions: the hub, the attach WebSocket, recordings (see contract.py)."""

@@ -1,0 +1,106 @@
+"""Engine, sessions and migrations for SQLite (default, WAL) and PostgreSQL (asyncpg)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def alembic_config(connection: Connection | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+class Database:
+    """One async engine plus a session factory. `async with db.session() as s:` commits on exit."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.dialect = url.split("+", 1)[0].split(":", 1)[0]
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if self.dialect == "sqlite":
+            path = url.split(":///", 1)[1] if ":///" in url else ""
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        else:
+            kwargs.update(pool_size=10, max_overflow=20)
+        self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        if self.dialect == "sqlite":
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with self.sessions() as s, s.begin():
+            yield s
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def migrate(self, revision: str = "head") -> None:
+        """Upgrade (or downgrade, for a revision below the current one) the schema."""
+
+        def run(connection: Connection) -> None:
+            cfg = alembic_config(connection)
+            current = MigrationContext.configure(connection).get_current_revision()
+            script = ScriptDirectory.from_config(cfg)
+            if revision == "base" or (
+                revision != "head"
+                and current is not None
+                and revision in {r.revision for r in script.iterate_revisions(current, "base")}
+            ):
+                command.downgrade(cfg, revision)
+            else:
+                command.upgrade(cfg, revision)
+
+        async with self.engine.begin() as conn:
+            await conn.run_sync(run)
+
+    async def current_revision(self) -> str | None:
+        def get(connection: Connection) -> str | None:
+            return MigrationContext.configure(connection).get_current_revision()
+
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(get)
+
+    @staticmethod
+    def head_revision() -> str:
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        assert head is not None
+        return head
+
+    async def close(self) -> None:
+        await self.engine.dispose()
