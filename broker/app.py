@@ -39,6 +39,17 @@ from broker.store import Database
 log = logging.getLogger(__name__)
 
 
+class StartupError(Exception):
+    """Start-up cannot go on; the message says what and why in one line."""
+
+
+def masked_url(url: str) -> str:
+    """A database URL safe to print (password replaced)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 class Component(Protocol):
     """A part of the server with routes and a lifecycle."""
 
@@ -59,7 +70,15 @@ async def build_services(settings: Settings) -> Services:
     except PermissionError:
         pass
     db = Database(settings.effective_database_url)
-    await db.migrate()
+    try:
+        await db.migrate()
+    except Exception as exc:
+        await db.close()
+        reason = getattr(exc, "orig", None) or exc
+        raise StartupError(
+            f"database {masked_url(settings.effective_database_url)} is not usable: "
+            f"{type(reason).__name__}: {reason}"
+        ) from exc
     metrics = Metrics()
     events = EventBus(db, ring_size=settings.events_ring_size, retention=settings.events_retention)
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())

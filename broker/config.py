@@ -6,6 +6,7 @@ variables) and invalid values fail start-up with a message naming the key.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import tomllib
 from enum import StrEnum
@@ -92,6 +93,40 @@ class Settings(BaseSettings):
     events_ring_size: int = Field(default=10_000, ge=100, le=10_000_000)
     events_retention: int = Field(default=1_000_000, ge=1000)
     sse_client_queue: int = Field(default=1000, ge=10, le=1_000_000)
+
+    # ---- tasks (A2A surface and the deprecated v1 task API) --------------------------------
+    task_max_running: int = Field(
+        default=32, ge=1, le=100_000, description="concurrent task runs, all owners together"
+    )
+    task_max_running_per_owner: int = Field(default=8, ge=1, le=100_000)
+    task_max_pending: int = Field(
+        default=1000, ge=0, le=1_000_000, description="queued (submitted) tasks before refusal"
+    )
+    task_max_pending_per_owner: int = Field(default=200, ge=0, le=1_000_000)
+    task_cancel_grace_seconds: float = Field(
+        default=5.0, ge=0, le=600, description="TERM, then KILL after this long"
+    )
+    task_recovery_grace_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="after a restart, how long a running task waits for its agent to come back",
+    )
+    task_blocking_timeout_seconds: float = Field(
+        default=600.0, ge=1, le=86_400, description="longest a blocking SendMessage waits"
+    )
+    task_output_max_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="output kept in a task's artifact"
+    )
+    task_output_flush_seconds: float = Field(default=0.25, ge=0, le=10)
+    push_max_attempts: int = Field(default=5, ge=1, le=50)
+    push_backoff_initial_seconds: float = Field(default=0.5, ge=0.01, le=600)
+    push_backoff_max_seconds: float = Field(default=30.0, ge=0.01, le=3600)
+    push_timeout_seconds: float = Field(default=10.0, ge=0.1, le=300)
+    a2a_card_max_age_seconds: int = Field(default=300, ge=0, le=86_400)
+    v1_sunset: dt.date = Field(
+        default=dt.date(2027, 6, 30), description="Sunset date announced by the v1 task API"
+    )
 
     @field_validator("http_listen", "grpc_listen", "metrics_listen")
     @classmethod

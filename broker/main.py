@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         _run(migrate, settings)
         return 0
 
+    from broker.app import StartupError
     from broker.server import Server
 
     async def serve() -> None:
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         _run(serve, settings)
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:
-        print(f"sandbox-server: cannot start: {exc}", file=sys.stderr)
+    except StartupError as exc:
+        print(f"sandbox-server: start-up failed: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # start-up failure: one clear line, details in the log
         logging.getLogger("broker").exception("start-up failed")

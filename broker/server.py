@@ -10,13 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
 
 from aiohttp import web
 
-from broker.app import Component, build_services, close_services, create_app, token_file_message
+from broker.app import (
+    Component,
+    StartupError,
+    build_services,
+    close_services,
+    create_app,
+    token_file_message,
+)
 from broker.config import MetricsAccess, Settings
 from broker.observability.routes import metrics_app
 from broker.services import Services
@@ -59,8 +67,12 @@ class Server:
         )
         await runner.setup()
         host, port = self.settings.http_address
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
         self._runners.append(runner)
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StartupError(f"cannot listen on {host}:{port} (HTTP): {reason}") from exc
         if self.settings.metrics_access is MetricsAccess.listener:
             mrunner = web.AppRunner(metrics_app(svc), access_log=None, handle_signals=False)
             await mrunner.setup()
@@ -96,6 +108,8 @@ class Server:
                 await component.stop()
             except Exception:
                 log.exception("stopping %s failed", component.name)
+        if self.svc is not None:
+            self.svc.events.end_streams()
         if self._runners:
             await self._runners[0].cleanup()
         if self.svc is not None:

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from broker.auth.principal import Principal, Role
 from broker.http.problems import ProblemError, not_found
-from broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
+from broker.http.routing import AUTH_ERROR, CSRF_TOKEN, ApiRoutes, Call, NoBody, NoQuery
 from broker.http.schemas import Input, InstanceId, Output, SubjectName
 from broker.services import services
 
@@ -133,7 +133,7 @@ async def whoami(call: Call[NoBody, NoQuery]) -> WhoAmI:
         role=who.role,
         kind=who.kind,
         credential_id=who.credential_id,
-        csrf_token=call.request.get("csrf_token"),
+        csrf_token=call.request.get(CSRF_TOKEN),
     )
 
 
@@ -150,7 +150,7 @@ async def login(call: Call[LoginBody, NoQuery]) -> web.StreamResponse:
     svc = services(call.request)
     result = await svc.auth.login(call.body.token)
     if result is None:
-        call.request["auth_error"] = "login with an invalid token"
+        call.request[AUTH_ERROR] = "login with an invalid token"
         raise ProblemError(401, "the token is invalid, expired or revoked", code="invalid-token")
     cookie, csrf, principal = result
     svc.audit.record(principal.actor, "login", "token", principal.credential_id)

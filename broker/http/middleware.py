@@ -16,7 +16,7 @@ from aiohttp import web
 
 from broker.auth.credentials import same
 from broker.http.problems import ProblemError
-from broker.http.routing import PRINCIPAL_KEY
+from broker.http.routing import AUTH_ERROR, CSRF_TOKEN, DENIED_REASON, PRINCIPAL_KEY
 from broker.observability.logs import accept_request_id, correlation_id
 from broker.services import services
 
@@ -27,7 +27,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SESSION_COOKIE = "sbx_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-AUTH_ERROR_KEY = "auth_error"
 
 
 def route_label(request: web.Request) -> str:
@@ -95,8 +94,8 @@ def _audit_refusal(request: web.Request, status: int) -> None:
     svc = services(request)
     principal = request.get(PRINCIPAL_KEY)
     reason = (
-        request.get("denied_reason")
-        or request.get(AUTH_ERROR_KEY)
+        request.get(DENIED_REASON)
+        or request.get(AUTH_ERROR)
         or ("no credentials" if status == 401 else "forbidden")
     )
     kind = "unauthenticated" if status == 401 else "forbidden"
@@ -125,7 +124,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if header:
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "bearer" or not value.strip():
-            request[AUTH_ERROR_KEY] = "malformed Authorization header"
+            request[AUTH_ERROR] = "malformed Authorization header"
             raise ProblemError(401, "Authorization must be 'Bearer <token>'")
         bearer = value.strip()
     else:
@@ -134,7 +133,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if bearer is not None:
         principal = await svc.auth.resolve_bearer(bearer)
         if principal is None:
-            request[AUTH_ERROR_KEY] = "invalid, expired or revoked token"
+            request[AUTH_ERROR] = "invalid, expired or revoked token"
             raise ProblemError(
                 401,
                 "the token is invalid, expired or revoked",
@@ -149,14 +148,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             if resolved is not None:
                 principal, csrf = resolved
                 if request.method not in SAFE_METHODS and not _csrf_ok(request, csrf):
-                    request[AUTH_ERROR_KEY] = "missing or wrong CSRF token"
+                    request[AUTH_ERROR] = "missing or wrong CSRF token"
                     raise ProblemError(
                         403,
                         f"a cookie-authenticated change needs the {CSRF_HEADER} header",
                         code="csrf",
                     )
                 request[PRINCIPAL_KEY] = principal
-                request["csrf_token"] = csrf
+                request[CSRF_TOKEN] = csrf
 
     principal = request.get(PRINCIPAL_KEY)
     if principal is not None:

@@ -26,7 +26,10 @@ from broker.http.problems import ProblemError, validation_problem
 B = TypeVar("B", bound=BaseModel)
 Q = TypeVar("Q", bound=BaseModel)
 
-PRINCIPAL_KEY = "principal"
+PRINCIPAL_KEY = web.RequestKey("principal", Principal)
+DENIED_REASON = web.RequestKey("denied_reason", str)
+AUTH_ERROR = web.RequestKey("auth_error", str)
+CSRF_TOKEN = web.RequestKey("csrf_token", str)
 JSON_TYPES = ("application/json", "application/a2a+json", "application/merge-patch+json")
 
 
@@ -86,8 +89,7 @@ class RouteSpec:
 
 
 def current_principal(request: web.Request) -> Principal | None:
-    principal: Principal | None = request.get(PRINCIPAL_KEY)
-    return principal
+    return request.get(PRINCIPAL_KEY)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -213,7 +215,7 @@ def _wrap(spec: RouteSpec) -> Callable[[web.Request], Awaitable[web.StreamRespon
                     headers={"WWW-Authenticate": 'Bearer realm="agentic-sandbox"'},
                 )
             if not principal.role.allows(spec.role):
-                request["denied_reason"] = f"role {principal.role} below {spec.role}"
+                request[DENIED_REASON] = f"role {principal.role} below {spec.role}"
                 raise ProblemError(
                     403,
                     f"this needs the {spec.role.value} role; your token has {principal.role.value}",

@@ -146,8 +146,18 @@ class Subscription:
             self.offer(ev)
 
     def close(self) -> None:
+        """Stop following; a consumer waiting in get() receives a `stream.end` marker."""
+        if self.closed:
+            return
         self.closed = True
         self._bus._subscribers.discard(self)
+        end = Event(seq=0, type="stream.end", time=dt.datetime.now(dt.UTC))
+        while True:
+            try:
+                self._queue.put_nowait(end)
+                return
+            except asyncio.QueueFull:
+                self._queue.get_nowait()
 
 
 class EventBus:
@@ -308,6 +318,8 @@ class EventBus:
                     last = ev.seq
             while True:
                 ev = await sub.get()
+                if ev.type == "stream.end":
+                    return
                 if ev.type == "stream.gap":
                     yield ev
                     sub.resume_after_gap(last)
@@ -364,9 +376,13 @@ class EventBus:
                 await asyncio.sleep(1)
                 self._wake.set()
 
-    async def close(self) -> None:
+    def end_streams(self) -> None:
+        """Wake and end every live follower (server shutdown)."""
         for sub in tuple(self._subscribers):
             sub.close()
+
+    async def close(self) -> None:
+        self.end_streams()
         if self._writer is not None:
             self._writer.cancel()
             try:

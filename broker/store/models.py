@@ -322,6 +322,8 @@ class Task(Base, Timestamps):
     artifacts: Mapped[list[Any]] = mapped_column(default=list)
     task_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     version: Mapped[int] = mapped_column(default=1)
+    status_at: Mapped[dt.datetime] = mapped_column(default=utcnow)  # time of the last transition
+    __table_args__ = (Index("ix_tasks_instance_updated", "instance_id", "updated_at"),)
 
 
 class Run(Base):
@@ -353,8 +355,10 @@ class TaskEvent(Base):
 
 class PushConfig(Base):
     __tablename__ = "push_configs"
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # unique within its task
     owner: Mapped[str] = mapped_column(String(128))
     url: Mapped[str] = mapped_column(Text)
     token: Mapped[str | None] = mapped_column(Text)

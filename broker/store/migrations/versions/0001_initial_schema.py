@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 15:08:21.747734
+Create Date: 2026-11-29 15:14:00.931392
 """
 
 from collections.abc import Sequence
@@ -368,6 +368,7 @@ def upgrade() -> None:
         sa.Column("artifacts", sa.JSON(), nullable=False),
         sa.Column("metadata", sa.JSON(), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
+        sa.Column("status_at", broker.store.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("created_at", broker.store.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("updated_at", broker.store.models.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_tasks")),
@@ -375,13 +376,16 @@ def upgrade() -> None:
     with op.batch_alter_table("tasks", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_tasks_context_id"), ["context_id"], unique=False)
         batch_op.create_index(batch_op.f("ix_tasks_instance_id"), ["instance_id"], unique=False)
+        batch_op.create_index(
+            "ix_tasks_instance_updated", ["instance_id", "updated_at"], unique=False
+        )
         batch_op.create_index(batch_op.f("ix_tasks_owner"), ["owner"], unique=False)
         batch_op.create_index(batch_op.f("ix_tasks_state"), ["state"], unique=False)
 
     op.create_table(
         "push_configs",
-        sa.Column("id", sa.String(length=64), nullable=False),
         sa.Column("task_id", sa.String(length=36), nullable=False),
+        sa.Column("id", sa.String(length=64), nullable=False),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("url", sa.Text(), nullable=False),
         sa.Column("token", sa.Text(), nullable=True),
@@ -393,11 +397,8 @@ def upgrade() -> None:
             name=op.f("fk_push_configs_task_id_tasks"),
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_push_configs")),
+        sa.PrimaryKeyConstraint("task_id", "id", name=op.f("pk_push_configs")),
     )
-    with op.batch_alter_table("push_configs", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_push_configs_task_id"), ["task_id"], unique=False)
-
     op.create_table(
         "runs",
         sa.Column("id", sa.String(length=36), nullable=False),
@@ -477,13 +478,11 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_runs_task_id"))
 
     op.drop_table("runs")
-    with op.batch_alter_table("push_configs", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_push_configs_task_id"))
-
     op.drop_table("push_configs")
     with op.batch_alter_table("tasks", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_tasks_state"))
         batch_op.drop_index(batch_op.f("ix_tasks_owner"))
+        batch_op.drop_index("ix_tasks_instance_updated")
         batch_op.drop_index(batch_op.f("ix_tasks_instance_id"))
         batch_op.drop_index(batch_op.f("ix_tasks_context_id"))
 
