@@ -26,6 +26,7 @@ from broker.app import (
     token_file_message,
 )
 from broker.config import MetricsAccess, Settings
+from broker.observability.component import StoreGauges
 from broker.observability.routes import metrics_app
 from broker.services import Services
 
@@ -55,7 +56,8 @@ class Server:
     async def start(self) -> Services:
         svc = self.svc = await build_services(self.settings)
         token_path = await svc.auth.ensure_bootstrap_admin(self.settings.effective_admin_token_file)
-        self.components = self._component_factory(svc)
+        # The foundation's own components first, then the layers built on it.
+        self.components = [StoreGauges(svc), *self._component_factory(svc)]
         app = create_app(svc, self.components)
         for component in self.components:
             await component.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from openapi_spec_validator import validate
 
 from broker.http.openapi import openapi_path
-from tests.integration.foundation.conftest import Running
+from tests.inproc import Running
 
 API_PREFIXES = ("/api/",)
 

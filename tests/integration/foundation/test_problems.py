@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.foundation.conftest import Running
+from tests.inproc import Running
 
 PROBLEM = "application/problem+json"
 

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.integration.foundation.conftest import free_port
+from tests.inproc import free_port
 
 SERVER = [sys.executable, "-m", "broker.main"]
 

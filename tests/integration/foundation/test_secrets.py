@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from broker.observability.logs import JsonFormatter
-from tests.integration.foundation.conftest import Running
+from tests.inproc import Running
 
 VALUE = "tok-3f9a-very-secret-value-0042"
 

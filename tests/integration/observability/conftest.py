@@ -1,0 +1,5 @@
+"""Fixtures: the in-process server."""
+
+from tests.inproc import running
+
+__all__ = ["running"]
