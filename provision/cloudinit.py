@@ -1,0 +1,211 @@
+"""cloud-init NoCloud documents for one instance: user-data, meta-data and network-config.
+
+The user-data installs the current agent-client (a small bundle of the `agent` and `proto`
+packages, base64 in `write_files`), writes its configuration, creates the `agent` user with the
+operator's SSH keys (and sudo per loadout), applies the loadout (packages, files, environment,
+commands), and enables a systemd unit that restarts the agent on failure, with a limit. Progress
+is printed to the serial console as `agentic-sandbox: stage <name>` lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from provision.loadouts import Loadout
+
+AGENT_HOME = "/opt/agentic-sandbox"
+AGENT_APP = f"{AGENT_HOME}/app"
+AGENT_VENV = f"{AGENT_HOME}/venv"
+AGENT_ETC = "/etc/agentic-sandbox"
+AGENT_CONFIG = f"{AGENT_ETC}/agent.json"
+AGENT_UNIT = "agentic-sandbox-agent.service"
+GUEST_ADDRESS = "10.0.2.15/24"  # QEMU user-mode networking's guest address
+HOST_ALIAS = "10.0.2.2"  # QEMU user-mode networking's alias for the host's loopback
+RUNTIME_REQUIREMENTS = ("grpcio", "protobuf", "ptyprocess")
+MARKER = "agentic-sandbox: stage"
+
+
+def agent_bundle() -> bytes:
+    """A reproducible tar.gz of the `agent` and `proto` packages (sources only)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+        for package in ("proto", "agent"):
+            spec = find_spec(package)
+            if spec is None or spec.origin is None:
+                raise RuntimeError(f"cannot find the {package!r} package to bundle")
+            root = Path(spec.origin).parent
+            for f in sorted(root.rglob("*.py")):
+                if "__pycache__" in f.parts:
+                    continue
+                info = tarfile.TarInfo(f"{package}/{f.relative_to(root).as_posix()}")
+                data = f.read_bytes()
+                info.size = len(data)
+                info.mode = 0o644
+                info.mtime = 0
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class AgentBootstrap:
+    """What the guest needs to run and enroll its agent."""
+
+    instance_id: str
+    server_address: str  # as the guest sees it, e.g. 10.0.2.2:8120
+    enrollment_token: str
+    ca_pem: str
+    bundle: bytes = field(repr=False)
+    runtime_baked: bool = True  # False for user-supplied cloud images: pip installs it
+    extra_config: dict[str, Any] = field(default_factory=dict)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "server": self.server_address,
+            "instance_id": self.instance_id,
+            "ca_file": f"{AGENT_ETC}/ca.pem",
+            "enrollment_token_file": f"{AGENT_ETC}/enrollment-token",
+            "state_dir": "/var/lib/agentic-sandbox-agent",
+            **self.extra_config,
+        }
+
+
+def _stage(name: str) -> list[str]:
+    return ["sh", "-c", f"echo '{MARKER} {name}' > /dev/ttyS0 2>/dev/null || true"]
+
+
+def agent_unit(python: str) -> str:
+    return f"""[Unit]
+Description=agentic-sandbox agent (PTY sessions and tasks for the management server)
+After=network-online.target
+Wants=network-online.target
+StartLimitIntervalSec=300
+StartLimitBurst=20
+
+[Service]
+Type=simple
+Environment=PYTHONPATH={AGENT_APP}
+Environment=PYTHONDONTWRITEBYTECODE=1
+ExecStart={python} -m agent --config {AGENT_CONFIG}
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render_user_data(
+    *,
+    hostname: str,
+    loadout: Loadout,
+    bootstrap: AgentBootstrap,
+    ssh_keys: list[str],
+    python: str = f"{AGENT_VENV}/bin/python",
+) -> str:
+    write_files: list[dict[str, Any]] = [
+        {
+            "path": f"{AGENT_HOME}/agent-bundle.tar.gz",
+            "encoding": "b64",
+            "content": base64.b64encode(bootstrap.bundle).decode(),
+            "permissions": "0644",
+        },
+        {
+            "path": AGENT_CONFIG,
+            "content": json.dumps(bootstrap.config(), indent=2) + "\n",
+            "permissions": "0644",
+        },
+        {"path": f"{AGENT_ETC}/ca.pem", "content": bootstrap.ca_pem, "permissions": "0644"},
+        {
+            "path": f"{AGENT_ETC}/enrollment-token",
+            "content": bootstrap.enrollment_token + "\n",
+            "permissions": "0600",
+        },
+        {
+            "path": f"/etc/systemd/system/{AGENT_UNIT}",
+            "content": agent_unit(python),
+            "permissions": "0644",
+        },
+    ]
+    if loadout.environment:
+        env_lines = "".join(
+            f"{k}={json.dumps(v)}\n" for k, v in sorted(loadout.environment.items())
+        )
+        write_files.append(
+            {"path": f"{AGENT_ETC}/environment", "content": env_lines, "permissions": "0644"}
+        )
+    for wf in loadout.write_files:
+        write_files.append(
+            {
+                "path": wf.path,
+                "content": wf.content,
+                "permissions": wf.permissions,
+                "owner": wf.owner,
+                "defer": True,  # after users exist, so agent:agent owners resolve
+            }
+        )
+
+    user: dict[str, Any] = {
+        "name": "agent",
+        "gecos": "agentic-sandbox agent",
+        "shell": "/bin/bash",
+        "lock_passwd": True,
+        "ssh_authorized_keys": list(ssh_keys),
+        "groups": ["sudo"] if loadout.sudo else [],
+    }
+    if loadout.sudo:
+        user["sudo"] = "ALL=(ALL) NOPASSWD:ALL"
+
+    runcmd: list[list[str]] = [_stage("agent-install")]
+    runcmd.append(["mkdir", "-p", AGENT_APP])
+    runcmd.append(["tar", "-xzf", f"{AGENT_HOME}/agent-bundle.tar.gz", "-C", AGENT_APP])
+    if not bootstrap.runtime_baked:
+        runcmd.append(_stage("agent-runtime"))
+        runcmd.append(["python3", "-m", "venv", AGENT_VENV])
+        runcmd.append([f"{AGENT_VENV}/bin/pip", "install", "--quiet", *RUNTIME_REQUIREMENTS])
+    runcmd.append(["systemctl", "daemon-reload"])
+    runcmd.append(["systemctl", "enable", "--now", AGENT_UNIT])
+    runcmd.append(_stage("agent-started"))
+    for cmd in loadout.runcmd:
+        runcmd.append(list(cmd))
+    runcmd.append(_stage("loadout-applied"))
+
+    doc: dict[str, Any] = {
+        "hostname": hostname,
+        "fqdn": hostname,
+        "manage_etc_hosts": True,
+        "locale": "C.UTF-8",
+        "ssh_pwauth": False,
+        "disable_root": True,
+        "users": [user],
+        "write_files": write_files,
+        "runcmd": runcmd,
+        "final_message": f"{MARKER} cloud-init-done after $UPTIME s",
+    }
+    if loadout.packages:
+        doc["packages"] = list(loadout.packages)
+        doc["package_update"] = True
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1_000_000)
+
+
+def render_meta_data(instance_id: str, hostname: str) -> str:
+    return yaml.safe_dump({"instance-id": instance_id, "local-hostname": hostname}, sort_keys=False)
+
+
+def render_network_config(mode: Literal["static", "dhcp"]) -> str:
+    """Static: the user-mode address with no default route and no DNS (the only reachable place
+    is the host alias on-link). DHCP: ordinary user-mode NAT."""
+    eth: dict[str, Any] = {"match": {"name": "e*"}}
+    if mode == "static":
+        eth.update({"addresses": [GUEST_ADDRESS], "dhcp4": False, "dhcp6": False})
+    else:
+        eth.update({"dhcp4": True})
+    return yaml.safe_dump({"version": 2, "ethernets": {"eth0": eth}}, sort_keys=False)

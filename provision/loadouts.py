@@ -1,0 +1,257 @@
+"""Loadouts: declarative instance profiles in YAML, validated by pydantic.
+
+A loadout says what an instance gets: resources, network policy, packages, files, commands,
+environment, secret references, skills (for its A2A card) and the task runner. `extends` names a
+parent; a child's scalars override, lists are appended (packages de-duplicated), and maps merge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BUILTIN_DIR = Path(__file__).with_name("loadouts")
+NAME_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,127}(=[A-Za-z0-9.+~:-]+)?$")
+ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MAX_DEPTH = 8
+
+
+class LoadoutError(Exception):
+    """A loadout that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Strict):
+    cpus: int = Field(default=1, ge=1, le=64)
+    memory_mib: int = Field(default=1024, ge=256, le=262144)
+    disk_gib: int = Field(default=8, ge=2, le=4096)
+
+
+class WriteFile(_Strict):
+    path: str = Field(pattern=r"^/[^\x00]*$", max_length=4096)
+    content: str = Field(max_length=1024 * 1024)
+    permissions: str = Field(default="0644", pattern=r"^0[0-7]{3}$")
+    owner: str = Field(default="root:root", pattern=r"^[a-z_][a-z0-9_-]*:[a-z_][a-z0-9_-]*$")
+
+    @field_validator("path")
+    @classmethod
+    def _no_dotdot(cls, value: str) -> str:
+        if "/../" in value + "/" or value.endswith("/"):
+            raise ValueError("must be a normalized absolute file path")
+        return value
+
+
+class SecretRef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$", description="secret name")
+    env: str | None = Field(default=None, pattern=ENV_RE, description="variable name in the guest")
+
+
+class Skill(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    name: str = Field(min_length=1, max_length=128)
+    description: str = Field(min_length=1, max_length=2000)
+    tags: list[str] = Field(default_factory=list, max_length=32)
+    examples: list[str] = Field(default_factory=list, max_length=32)
+    input_schema: dict[str, Any] | None = Field(
+        default=None, description="JSON Schema a `data` part must satisfy"
+    )
+    runner: list[str] | None = Field(
+        default=None, description="argv template for this skill ({text}, {data_json})"
+    )
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        return value
+
+
+class TaskRunner(_Strict):
+    argv: list[str] = Field(
+        default_factory=lambda: ["bash", "-lc", "{text}"],
+        min_length=1,
+        description="argv template; {text} is the message text, {data_json} the data part",
+    )
+    user: str = Field(default="agent", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    cwd: str | None = Field(default=None, pattern=r"^/")
+    timeout_seconds: int = Field(default=3600, ge=1, le=7 * 86400)
+
+    @field_validator("argv")
+    @classmethod
+    def _placeholders(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            for name in re.findall(r"{([^}]*)}", arg):
+                if name not in ("text", "data_json"):
+                    raise ValueError(
+                        f"unknown placeholder {{{name}}} (use {{text}} or {{data_json}})"
+                    )
+        return value
+
+
+class Loadout(_Strict):
+    """A resolved loadout (after `extends`)."""
+
+    name: str = Field(pattern=NAME_RE)
+    description: str = ""
+    resources: Resources = Resources()
+    network: Literal["isolated", "nat"] = "isolated"
+    sudo: bool = Field(default=False, description="passwordless sudo for the agent user")
+    packages: list[str] = Field(default_factory=list, max_length=500)
+    write_files: list[WriteFile] = Field(default_factory=list, max_length=200)
+    runcmd: list[list[str]] = Field(default_factory=list, max_length=200)
+    environment: dict[str, str] = Field(default_factory=dict)
+    secrets: list[SecretRef] = Field(default_factory=list, max_length=100)
+    skills: list[Skill] = Field(default_factory=list, max_length=100)
+    task_runner: TaskRunner = TaskRunner()
+
+    @field_validator("packages")
+    @classmethod
+    def _packages(cls, value: list[str]) -> list[str]:
+        for p in value:
+            if not PACKAGE_RE.match(p):
+                raise ValueError(f"not a Debian package name: {p!r}")
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for k in value:
+            if not re.match(ENV_RE, k):
+                raise ValueError(f"not an environment variable name: {k!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> Loadout:
+        ids = [s.id for s in self.skills]
+        if len(ids) != len(set(ids)):
+            raise ValueError("skills: ids must be unique")
+        return self
+
+    @property
+    def needs_network_at_boot(self) -> bool:
+        """Packages are fetched from the archive at first boot, which `isolated` forbids."""
+        return bool(self.packages)
+
+    def skill(self, skill_id: str) -> Skill | None:
+        return next((s for s in self.skills if s.id == skill_id), None)
+
+
+def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    out = dict(parent)
+    for key, value in child.items():
+        if key in ("extends", "name"):
+            continue
+        if key == "packages":
+            seen = list(dict.fromkeys([*out.get(key, []), *value]))
+            out[key] = seen
+        elif key in ("write_files", "runcmd", "secrets"):
+            out[key] = [*out.get(key, []), *value]
+        elif key == "skills":
+            merged = {s["id"]: s for s in out.get(key, []) if isinstance(s, dict) and "id" in s}
+            for s in value:
+                if isinstance(s, dict) and "id" in s:
+                    merged[s["id"]] = s
+            out[key] = list(merged.values())
+        elif key in ("resources", "environment", "task_runner") and isinstance(value, dict):
+            out[key] = {**out.get(key, {}), **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _format_error(where: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(loadout)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {loc}: {first['msg']}{more}"
+
+
+class LoadoutCatalog:
+    """Loadouts from the built-in folder plus any extra folders (later ones win by name)."""
+
+    def __init__(self, folders: Iterable[Path] = (BUILTIN_DIR,)) -> None:
+        self._raw: dict[str, tuple[dict[str, Any], str]] = {}
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for f in sorted(folder.glob("*.yaml")):
+                self.add_yaml(f.read_text(encoding="utf-8"), where=str(f), validate=False)
+        for name in self._raw:  # validate once every parent is known
+            self.resolve(name)
+
+    def add_yaml(self, text: str, where: str = "<loadout>", *, validate: bool = True) -> str:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise LoadoutError(f"{where}: not valid YAML: {exc}") from None
+        return self.add(data, where, validate=validate)
+
+    def add(self, data: Any, where: str = "<loadout>", *, validate: bool = True) -> str:
+        if not isinstance(data, dict):
+            raise LoadoutError(f"{where}: a loadout is a mapping")
+        name = data.get("name")
+        if not isinstance(name, str) or not re.match(NAME_RE, name):
+            raise LoadoutError(f"{where}: name: must match {NAME_RE}")
+        previous = self._raw.get(name)
+        self._raw[name] = (data, where)
+        if validate:
+            try:
+                self.resolve(name)  # a bad loadout fails where it is added
+            except LoadoutError:
+                if previous is None:
+                    del self._raw[name]
+                else:
+                    self._raw[name] = previous
+                raise
+        return name
+
+    def names(self) -> list[str]:
+        return sorted(self._raw)
+
+    def raw(self, name: str) -> dict[str, Any]:
+        return dict(self._raw[name][0])
+
+    def resolve(self, name: str) -> Loadout:
+        chain: list[tuple[dict[str, Any], str]] = []
+        current: str | None = name
+        while current is not None:
+            if current not in self._raw:
+                origin = chain[-1][1] if chain else "request"
+                raise LoadoutError(f"{origin}: extends: unknown loadout {current!r}")
+            if any(c[0].get("name") == current for c in chain) or len(chain) > MAX_DEPTH:
+                raise LoadoutError(
+                    f"{self._raw[name][1]}: extends: cycle or too deep at {current!r}"
+                )
+            chain.append(self._raw[current])
+            parent = chain[-1][0].get("extends")
+            if parent is not None and not isinstance(parent, str):
+                raise LoadoutError(f"{chain[-1][1]}: extends: must be a loadout name")
+            current = parent
+        merged: dict[str, Any] = {}
+        for data, _ in reversed(chain):
+            merged = _merge(merged, data)
+        merged["name"] = name
+        try:
+            return Loadout.model_validate(merged)
+        except ValidationError as exc:
+            raise LoadoutError(_format_error(self._raw[name][1], exc)) from None
+
+
+def load_catalog(extra: Iterable[Path] = ()) -> LoadoutCatalog:
+    return LoadoutCatalog([BUILTIN_DIR, *extra])

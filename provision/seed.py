@@ -1,0 +1,82 @@
+"""The cloud-init NoCloud seed: user-data, meta-data and network-config on an ISO9660 image with
+volume id `cidata`, written in Python with pycdlib (Rock Ridge + Joliet, so the lower-case names
+cloud-init looks for are there)."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pycdlib
+
+VOLUME_ID = "cidata"
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    user_data: str
+    meta_data: str
+    network_config: str | None = None
+    vendor_data: str | None = None
+
+    def files(self) -> dict[str, bytes]:
+        out = {"user-data": self.user_data.encode(), "meta-data": self.meta_data.encode()}
+        if self.network_config is not None:
+            out["network-config"] = self.network_config.encode()
+        if self.vendor_data is not None:
+            out["vendor-data"] = self.vendor_data.encode()
+        return out
+
+
+def _iso_name(name: str) -> str:
+    """An ISO9660 level-1 name for `user-data` → `/USERDATA.;1` (8.3, upper case)."""
+    stem = "".join(c for c in name.upper() if c.isalnum())[:8]
+    return f"/{stem}.;1"
+
+
+def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
+    """Write the seed atomically (temp file + rename), mode 0644 (QEMU reads it)."""
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=VOLUME_ID)
+    try:
+        for name, data in seed.files().items():
+            iso.add_fp(
+                io.BytesIO(data),
+                len(data),
+                _iso_name(name),
+                rr_name=name,
+                joliet_path=f"/{name}",
+            )
+        tmp = path.with_name(path.name + ".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            iso.write_fp(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        iso.close()
+    return path
+
+
+def read_seed_iso(path: Path) -> dict[str, bytes]:
+    """The files of a seed ISO by their Rock Ridge names (for tests and diagnostics)."""
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    try:
+        out: dict[str, bytes] = {}
+        for child in iso.list_children(rr_path="/"):
+            if child.is_dot() or child.is_dotdot():
+                continue
+            name = child.rock_ridge.name().decode()
+            buf = io.BytesIO()
+            iso.get_file_from_iso_fp(buf, rr_path=f"/{name}")
+            out[name] = buf.getvalue()
+        vol = iso.pvd.volume_identifier.decode().strip()
+        out[".volume_id"] = vol.encode()
+        return out
+    finally:
+        iso.close()
