@@ -1,0 +1,83 @@
+"""fleet: libvirt VM fleet — hosts, instances, disks, snapshots, clones, warm pool, events.
+
+The only package that touches libvirt. Import from here; the modules are private.
+"""
+
+from .domain_xml import METADATA_NS
+from .errors import (
+    Conflict,
+    FleetError,
+    HostUnavailable,
+    InvalidRequest,
+    LibvirtFailure,
+    NoCapacity,
+    NotFound,
+)
+from .kvm_probe import AccelReport, probe_kvm
+from .models import (
+    AGENT_LINK_ADDRESS,
+    DOMAIN_PREFIX,
+    INSTANCE_ID_PATTERN,
+    Accel,
+    Capacity,
+    CloneSpec,
+    EgressPolicy,
+    FirmwareBoot,
+    FleetConfig,
+    FleetEvent,
+    FleetEventKind,
+    HostInfo,
+    HostSpec,
+    Instance,
+    InstanceRecord,
+    InstanceSpec,
+    InstanceState,
+    IoTune,
+    KernelBoot,
+    ReconcileReport,
+    Resources,
+    SavedState,
+    SnapshotInfo,
+    validate_instance_id,
+)
+from .service import Fleet
+from .warm_pool import PoolStatus
+
+__all__ = [
+    "AGENT_LINK_ADDRESS",
+    "DOMAIN_PREFIX",
+    "INSTANCE_ID_PATTERN",
+    "METADATA_NS",
+    "Accel",
+    "AccelReport",
+    "Capacity",
+    "CloneSpec",
+    "Conflict",
+    "EgressPolicy",
+    "FirmwareBoot",
+    "Fleet",
+    "FleetConfig",
+    "FleetError",
+    "FleetEvent",
+    "FleetEventKind",
+    "HostInfo",
+    "HostSpec",
+    "HostUnavailable",
+    "Instance",
+    "InstanceRecord",
+    "InstanceSpec",
+    "InstanceState",
+    "InvalidRequest",
+    "IoTune",
+    "KernelBoot",
+    "LibvirtFailure",
+    "NoCapacity",
+    "NotFound",
+    "PoolStatus",
+    "ReconcileReport",
+    "Resources",
+    "SavedState",
+    "SnapshotInfo",
+    "probe_kvm",
+    "validate_instance_id",
+]

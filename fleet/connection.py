@@ -1,0 +1,294 @@
+"""One hypervisor host: its libvirt connection, reconnection, storage, ports and accelerator.
+
+Blocking libvirt calls go through `HostConnection.run`, which runs them in the fleet's bounded
+thread pool and turns ``libvirtError`` into fleet errors. A close callback (libvirtd restarted or
+the link dropped) makes the host unreachable and starts a reconnect loop with exponential backoff;
+once reconnected, the fleet reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import libvirt
+
+from .disks import HostStorage
+from .errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure, NotFound
+from .kvm_probe import AccelReport, probe_kvm
+from .models import Accel, FleetConfig, HostSpec
+from .ports import PortAllocator
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_DEAD_CONNECTION = {
+    libvirt.VIR_ERR_NO_CONNECT,
+    libvirt.VIR_ERR_INVALID_CONN,
+    libvirt.VIR_ERR_RPC,
+}
+_NOT_FOUND = {
+    libvirt.VIR_ERR_NO_DOMAIN,
+    libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT,
+    libvirt.VIR_ERR_NO_STORAGE_VOL,
+    libvirt.VIR_ERR_NO_STORAGE_POOL,
+}
+_probe_cache: dict[str, AccelReport] = {}
+
+LifecycleCallback = Callable[["HostConnection", str, str, int, int], None]
+
+
+def translate(err: libvirt.libvirtError, host: str) -> FleetError:
+    code = err.get_error_code()
+    msg = f"{host}: {err.get_error_message() or err}"
+    if code in _NOT_FOUND:
+        return NotFound(msg)
+    if (
+        code in _DEAD_CONNECTION
+        or (code == libvirt.VIR_ERR_SYSTEM_ERROR and err.get_error_domain() == libvirt.VIR_FROM_RPC)
+        or (code == libvirt.VIR_ERR_INTERNAL_ERROR and "socket is closed" in msg)
+    ):
+        return HostUnavailable(msg)
+    if code in (
+        libvirt.VIR_ERR_OPERATION_INVALID,
+        libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
+        libvirt.VIR_ERR_XML_ERROR,
+        libvirt.VIR_ERR_INVALID_ARG,
+    ):
+        return InvalidRequest(msg)
+    return LibvirtFailure(msg)
+
+
+class HostConnection:
+    def __init__(
+        self,
+        spec: HostSpec,
+        config: FleetConfig,
+        executor: Executor,
+        *,
+        on_lifecycle: LifecycleCallback,
+        on_disconnect: Callable[[HostConnection, str], None],
+        on_reconnect: Callable[[HostConnection], Awaitable[None]],
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.config = config
+        self.executor = executor
+        self.conn: libvirt.virConnect | None = None
+        self.storage: HostStorage | None = None
+        self.reachable = False
+        self.reason = "not connected yet"
+        self.accel: AccelReport | None = None
+        self.domain_type = "qemu"
+        self.cpus = 0
+        self.memory_mib = 0
+        lo, hi = spec.ssh_port_range
+        self.ports = PortAllocator(lo, hi, probe_local=self.files_local)
+        self._on_lifecycle = on_lifecycle
+        self._on_disconnect = on_disconnect
+        self._on_reconnect = on_reconnect
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._cb_ids: list[int] = []
+        self.connect_count = 0
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def files_local(self) -> bool:
+        if self.spec.files != "auto":
+            return self.spec.files == "local"
+        parsed = urlparse(self.spec.uri)
+        return parsed.hostname in (None, "", "localhost", "127.0.0.1")
+
+    @property
+    def data_dir(self) -> str:
+        return self.spec.data_dir or self.config.data_dir
+
+    # ------------------------------------------------------------------ calls
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call in the executor; ``libvirtError`` becomes a fleet error."""
+        if self.conn is None:
+            raise HostUnavailable(f"host {self.name} is unreachable: {self.reason}")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+        except libvirt.libvirtError as e:
+            raise translate(e, self.name) from e
+
+    def free_memory_mib(self) -> int:
+        """Blocking: free host memory (the test driver reports none: all of it is free)."""
+        conn, _ = self.require()
+        free = int(conn.getFreeMemory()) // (1 << 20)
+        if free == 0 and self.domain_type == "test":
+            free = self.memory_mib
+        return free
+
+    def require(self) -> tuple[libvirt.virConnect, HostStorage]:
+        if self.conn is None or self.storage is None:
+            raise HostUnavailable(f"host {self.name} is unreachable: {self.reason}")
+        return self.conn, self.storage
+
+    # ------------------------------------------------------------------ connect
+
+    async def connect(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        loop = self._loop
+        try:
+            conn = await loop.run_in_executor(self.executor, libvirt.open, self.spec.uri)
+        except libvirt.libvirtError as e:
+            self.reason = str(e.get_error_message() or e)
+            raise HostUnavailable(f"host {self.name}: cannot connect: {self.reason}") from e
+        try:
+            await loop.run_in_executor(self.executor, self._setup, conn)
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                await loop.run_in_executor(self.executor, self._teardown, conn)
+            if isinstance(e, libvirt.libvirtError):
+                raise translate(e, self.name) from e
+            raise
+        self.conn = conn
+        self.reachable = True
+        self.reason = ""
+        self.connect_count += 1
+
+    def _setup(self, conn: libvirt.virConnect) -> None:
+        """Blocking part of connecting: callbacks, keepalive, storage, accelerator."""
+        conn.registerCloseCallback(self._close_cb, None)
+        if conn.getType() != "TEST" and self.config.keepalive_interval_s:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.setKeepAlive(self.config.keepalive_interval_s, self.config.keepalive_count)
+        self._cb_ids = [
+            conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._lifecycle_cb, None
+            )
+        ]
+        info = conn.getInfo()
+        self.memory_mib, self.cpus = int(info[1]), int(info[2])
+        storage = HostStorage(conn, self.data_dir, files_local=self.files_local)
+        storage.ensure_pools()
+        self.storage = storage
+        self._decide_accel(conn)
+
+    def _decide_accel(self, conn: libvirt.virConnect) -> None:
+        if conn.getType() == "TEST":
+            self.domain_type = "test"
+            self.accel = AccelReport(Accel.TCG, "libvirt test driver")
+            return
+        choice = self.spec.accel
+        if choice == "tcg":
+            self.accel = AccelReport(Accel.TCG, "configured")
+        elif choice == "kvm":
+            self.accel = AccelReport(Accel.KVM, "configured")
+        elif self.files_local:
+            key = self.config.kvm_probe_kernel or ""
+            if key not in _probe_cache:
+                _probe_cache[key] = probe_kvm(
+                    self.config.kvm_probe_kernel, timeout=self.config.kvm_probe_timeout_s
+                )
+            self.accel = _probe_cache[key]
+        else:
+            caps = conn.getDomainCapabilities(None, "x86_64", None, "kvm", 0)
+            ok = "<domain>kvm</domain>" in caps
+            self.accel = AccelReport(
+                Accel.KVM if ok else Accel.TCG,
+                "remote host: libvirt reports kvm (not probed)" if ok else "remote host: no kvm",
+            )
+        self.domain_type = "kvm" if self.accel.accel is Accel.KVM else "qemu"
+        if self.accel.accel is Accel.TCG:
+            log.info("host %s: guests run under TCG (%s)", self.name, self.accel.reason)
+
+    def _teardown(self, conn: libvirt.virConnect) -> None:
+        for cb in self._cb_ids:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.domainEventDeregisterAny(cb)
+        self._cb_ids = []
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.unregisterCloseCallback()
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _lifecycle_cb(
+        self,
+        conn: libvirt.virConnect,
+        dom: libvirt.virDomain,
+        event: int,
+        detail: int,
+        _opaque: object,
+    ) -> None:
+        self._threadsafe(self._on_lifecycle, self, dom.name(), dom.UUIDString(), event, detail)
+
+    def _close_cb(self, conn: libvirt.virConnect, reason: int, _opaque: object) -> None:
+        self._threadsafe(self._handle_close, conn, reason)
+
+    def _handle_close(self, conn: libvirt.virConnect, reason: int) -> None:
+        if self._closing or conn is not self.conn:
+            return
+        why = {
+            libvirt.VIR_CONNECT_CLOSE_REASON_EOF: "libvirtd closed the connection",
+            libvirt.VIR_CONNECT_CLOSE_REASON_KEEPALIVE: "keepalive timed out",
+            libvirt.VIR_CONNECT_CLOSE_REASON_ERROR: "connection error",
+            libvirt.VIR_CONNECT_CLOSE_REASON_CLIENT: "closed by client",
+        }.get(reason, f"closed ({reason})")
+        self.mark_unreachable(why)
+
+    def mark_unreachable(self, why: str) -> None:
+        old = self.conn
+        self.conn = None
+        self.storage = None
+        self.reachable = False
+        self.reason = why
+        if old is not None and self._loop is not None:
+            self._loop.run_in_executor(self.executor, self._teardown, old)
+        self._on_disconnect(self, why)
+        if not self._closing and (self._reconnect_task is None or self._reconnect_task.done()):
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = self.config.reconnect_initial_s
+        while not self._closing:
+            try:
+                await self.connect()
+            except FleetError as e:
+                self.reason = str(e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.reconnect_max_s)
+                continue
+            try:
+                await self._on_reconnect(self)
+            except Exception:
+                log.exception("host %s: reconciliation after reconnect failed", self.name)
+            return
+
+    def start_reconnecting(self) -> None:
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reconnect_task
+        conn, self.conn, self.storage = self.conn, None, None
+        self.reachable = False
+        self.reason = "closed"
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._teardown, conn)

@@ -1,0 +1,72 @@
+"""Choosing a host for a new instance: labels, free memory/vCPU, soft anti-affinity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import NoCapacity
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    name: str
+    reachable: bool
+    labels: Mapping[str, str]
+    vcpu_capacity: int
+    memory_capacity_mib: int
+    free_memory_mib: int  # what the host reports free right now, minus its reserve
+    committed_vcpus: int
+    committed_memory_mib: int
+    instances: int
+    groups: Mapping[str, int] = field(default_factory=dict)  # anti-affinity group -> count
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    vcpus: int
+    memory_mib: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    anti_affinity: str | None = None
+    pinned: str | None = None
+
+
+def available_memory(h: HostLoad) -> int:
+    return min(h.free_memory_mib, h.memory_capacity_mib - h.committed_memory_mib)
+
+
+def choose_host(hosts: Sequence[HostLoad], req: PlacementRequest) -> str:
+    """The best host for ``req``. Raises `NoCapacity` naming why each host was rejected."""
+    reasons: list[str] = []
+    fits: list[HostLoad] = []
+    for h in hosts:
+        if req.pinned and h.name != req.pinned:
+            continue
+        if not h.reachable:
+            reasons.append(f"{h.name}: unreachable")
+            continue
+        missing = [k for k, v in req.labels.items() if h.labels.get(k) != v]
+        if missing:
+            reasons.append(f"{h.name}: labels {missing} do not match")
+            continue
+        if h.committed_vcpus + req.vcpus > h.vcpu_capacity:
+            reasons.append(f"{h.name}: vCPUs {h.committed_vcpus}+{req.vcpus}>{h.vcpu_capacity}")
+            continue
+        if available_memory(h) < req.memory_mib:
+            reasons.append(f"{h.name}: {available_memory(h)} MiB free < {req.memory_mib} MiB")
+            continue
+        fits.append(h)
+    if not fits:
+        if req.pinned and not reasons:
+            reasons.append(f"no host named {req.pinned}")
+        raise NoCapacity("no host can take the instance: " + "; ".join(reasons or ["no hosts"]))
+
+    def score(h: HostLoad) -> tuple[float, ...]:
+        same_group = h.groups.get(req.anti_affinity, 0) if req.anti_affinity else 0
+        mem_left = available_memory(h) - req.memory_mib
+        mem_frac = mem_left / max(h.memory_capacity_mib, 1)
+        cpu_frac = (h.vcpu_capacity - h.committed_vcpus - req.vcpus) / max(h.vcpu_capacity, 1)
+        # fewer of the same group first, then the emptiest host, then fewest instances, name
+        return (same_group, -round(min(mem_frac, cpu_frac), 3), h.instances)
+
+    return min(fits, key=lambda h: (*score(h), h.name)).name

@@ -1,0 +1,1 @@
+"""Shared helpers for the fleet's tests and benchmark (tiny guest, test-driver hosts)."""

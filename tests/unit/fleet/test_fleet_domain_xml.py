@@ -1,0 +1,225 @@
+"""Domain XML: every option, parsed back; escaping; metadata round trip; clone rewrite."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from fleet.domain_xml import (
+    METADATA_NS,
+    QEMU_NS,
+    CloneIdentity,
+    DomainConfig,
+    KernelPaths,
+    NetConfig,
+    build_domain_xml,
+    domain_facts,
+    netdev_value,
+    parse_metadata_xml,
+    parse_record,
+    record_metadata_xml,
+    rewrite_for_clone,
+)
+from fleet.models import EgressPolicy, FirmwareBoot, InstanceRecord, IoTune
+
+NASTY = 'o\'wn<er>&"x"'
+
+
+def record(**kw: object) -> InstanceRecord:
+    base: dict[str, object] = dict(
+        instance_id="dev-1",
+        domain="sbx-dev-1",
+        host="h1",
+        owner=NASTY,
+        image="img",
+        overlay="/d/instances/sbx-dev-1.qcow2",
+        serial_log="/d/instances/sbx-dev-1.serial.log",
+        ssh_port=42222,
+        agent_port=8120,
+        vcpus=2,
+        memory_mib=768,
+        loadout="py<3>",
+        created_at="2024-05-01T12:00:00Z",
+    )
+    base.update(kw)
+    return InstanceRecord.model_validate(base)
+
+
+def config(**kw: object) -> DomainConfig:
+    base: dict[str, object] = dict(
+        name="sbx-dev-1",
+        uuid="6f1f7f3a-3c8e-4f1e-9a43-0d4c6d1b7a10",
+        domain_type="qemu",
+        vcpus=2,
+        memory_mib=768,
+        overlay="/d/instances/sbx-dev-1.qcow2",
+        serial_log="/d/instances/sbx-dev-1.serial.log",
+        net=NetConfig(EgressPolicy.ISOLATED, 8120, 42222),
+        record=record(),
+    )
+    base.update(kw)
+    return DomainConfig(**base)  # type: ignore[arg-type]
+
+
+def parse(cfg: DomainConfig) -> ET.Element:
+    return ET.fromstring(build_domain_xml(cfg))
+
+
+def qemu_args(root: ET.Element) -> list[str]:
+    return [a.get("value", "") for a in root.iter(f"{{{QEMU_NS}}}arg")]
+
+
+def test_basics_resources_and_devices() -> None:
+    root = parse(
+        config(
+            cpu_shares=512,
+            cpu_quota_pct=150,
+            tb_cache_mib=64,
+            iotune=IoTune(read_bytes_sec=1000, write_iops_sec=50),
+        )
+    )
+    assert root.get("type") == "qemu"
+    assert root.findtext("name") == "sbx-dev-1"
+    assert root.findtext("uuid") == "6f1f7f3a-3c8e-4f1e-9a43-0d4c6d1b7a10"
+    assert root.find("memory").text == "768" and root.find("memory").get("unit") == "MiB"
+    assert root.findtext("vcpu") == "2"
+    assert root.findtext("cputune/shares") == "512"
+    assert root.findtext("cputune/period") == "100000"
+    assert root.findtext("cputune/quota") == "150000"
+    tb = root.find("features/tcg/tb-cache")
+    assert tb is not None and tb.text == "64" and tb.get("unit") == "MiB"
+    disk = root.find("devices/disk[@device='disk']")
+    assert disk.find("source").get("file") == "/d/instances/sbx-dev-1.qcow2"
+    assert disk.find("driver").get("type") == "qcow2"
+    assert disk.find("target").get("bus") == "virtio"
+    assert disk.findtext("iotune/read_bytes_sec") == "1000"
+    assert disk.findtext("iotune/write_iops_sec") == "50"
+    assert disk.find("iotune/total_bytes_sec") is None
+    cd = root.find("devices/disk[@device='cdrom']")
+    assert cd.find("readonly") is not None and cd.find("source") is None  # empty seed drive
+    serial = root.find("devices/serial/source")
+    assert serial.get("append") == "on" and serial.get("path").endswith(".serial.log")
+    assert root.find("devices/rng[@model='virtio']/backend").text == "/dev/urandom"
+    assert root.find("devices/panic") is not None
+    assert root.find("devices/interface") is None  # networking only via qemu:commandline
+
+
+def test_no_tuning_elements_when_unset_and_no_tcg_for_kvm() -> None:
+    root = parse(config(domain_type="kvm", tb_cache_mib=64))
+    assert root.find("cputune") is None
+    assert root.find("features/tcg") is None
+    assert root.find("devices/disk/iotune") is None
+
+
+def test_kernel_boot_and_firmware_boot() -> None:
+    root = parse(config(boot=KernelPaths("/b/vmlinuz", "/b/initrd", "console=ttyS0 a=<b>")))
+    assert root.findtext("os/kernel") == "/b/vmlinuz"
+    assert root.findtext("os/initrd") == "/b/initrd"
+    assert root.findtext("os/cmdline") == "console=ttyS0 a=<b>"
+    assert root.find("os/boot") is None
+    bios = parse(config(boot=FirmwareBoot()))
+    assert bios.find("os/kernel") is None and bios.find("os/boot").get("dev") == "hd"
+    efi = parse(config(boot=FirmwareBoot(firmware="efi")))
+    assert efi.find("os").get("firmware") == "efi"
+
+
+def test_seed_present() -> None:
+    root = parse(config(seed="/d/instances/sbx-dev-1.seed.iso"))
+    cd = root.find("devices/disk[@device='cdrom']")
+    assert cd.find("source").get("file") == "/d/instances/sbx-dev-1.seed.iso"
+
+
+def test_isolated_network() -> None:
+    root = parse(config())
+    args = qemu_args(root)
+    assert args[0] == "-netdev" and args[2] == "-device"
+    netdev = args[1]
+    assert netdev.startswith("user,id=sbxnet0,")
+    assert "restrict=on" in netdev
+    assert "hostfwd=tcp:127.0.0.1:42222-:22" in netdev
+    # the only way out: the agent link, forwarded by QEMU to host loopback
+    assert "guestfwd=tcp:10.0.2.2:8120-tcp:127.0.0.1:8120,,reconnect=1" in netdev
+    assert "host=10.0.2.254" in netdev
+    assert args[3] == "virtio-net-pci,netdev=sbxnet0,addr=0x1f"
+
+
+def test_nat_network_and_every_forward_on_loopback() -> None:
+    netdev = netdev_value(NetConfig(EgressPolicy.NAT, 9000, 42001))
+    assert "restrict" not in netdev and "guestfwd" not in netdev
+    assert netdev == "user,id=sbxnet0,hostfwd=tcp:127.0.0.1:42001-:22"
+    for value in (netdev, netdev_value(NetConfig(EgressPolicy.ISOLATED, 1, 2))):
+        for part in value.split(","):
+            if part.startswith("hostfwd="):
+                assert part.startswith("hostfwd=tcp:127.0.0.1:")
+
+
+def test_escaping_and_metadata_round_trip() -> None:
+    xml = build_domain_xml(config())
+    assert NASTY not in xml  # escaped by the XML library
+    rec = parse_record(xml)
+    assert rec is not None
+    assert rec.owner == NASTY and rec.loadout == "py<3>"
+    assert rec == record()
+    assert ET.fromstring(xml).find(f"metadata/{{{METADATA_NS}}}instance") is not None
+
+
+def test_metadata_api_form_round_trip() -> None:
+    rec = record(crashes=[{"at": "2024-01-01T00:00:00Z", "reason": "x"}], pool="k")
+    xml = record_metadata_xml(rec)
+    assert not xml.startswith("<sbx:")  # libvirt adds the namespace itself
+    assert parse_metadata_xml(xml) == rec
+
+
+def test_foreign_domain_has_no_record() -> None:
+    assert parse_record("<domain type='qemu'><name>x</name></domain>") is None
+    assert parse_record("<domain><metadata><other xmlns='urn:x'/></metadata></domain>") is None
+
+
+def test_facts() -> None:
+    f = domain_facts(build_domain_xml(config(seed="/s.iso")))
+    assert (f.name, f.overlay, f.seed, f.memory_mib, f.vcpus) == (
+        "sbx-dev-1",
+        "/d/instances/sbx-dev-1.qcow2",
+        "/s.iso",
+        768,
+        2,
+    )
+    assert f.netdev is not None and "restrict=on" in f.netdev
+
+
+def test_rewrite_for_clone_changes_identity_keeps_machine() -> None:
+    src = build_domain_xml(config(seed="/old.iso", boot=KernelPaths("/k", None, "c")))
+    new_rec = record(instance_id="clone-1", domain="sbx-clone-1", owner="bob")
+    out = rewrite_for_clone(
+        src,
+        CloneIdentity(
+            name="sbx-clone-1",
+            uuid="11111111-2222-3333-4444-555555555555",
+            overlay="/d/instances/sbx-clone-1.qcow2",
+            serial_log="/d/instances/c.log",
+            seed=None,
+            net=NetConfig(EgressPolicy.NAT, 8120, 42300),
+            record=new_rec,
+        ),
+    )
+    a, b = ET.fromstring(src), ET.fromstring(out)
+    assert b.findtext("name") == "sbx-clone-1"
+    assert b.findtext("uuid") == "11111111-2222-3333-4444-555555555555"
+    f = domain_facts(out)
+    assert f.overlay == "/d/instances/sbx-clone-1.qcow2" and f.seed is None
+    assert f.serial_log == "/d/instances/c.log"
+    assert f.netdev == "user,id=sbxnet0,hostfwd=tcp:127.0.0.1:42300-:22"
+    assert parse_record(out) == new_rec
+    # the machine itself is unchanged
+    for path in ("memory", "vcpu", "os/kernel", "os/cmdline"):
+        assert a.findtext(path) == b.findtext(path)
+    assert len(a.findall("devices/*")) == len(b.findall("devices/*"))
+    assert qemu_args(a)[3] == qemu_args(b)[3]
+
+
+@pytest.mark.parametrize("machine,bus", [("pc", "ide"), ("q35", "sata")])
+def test_seed_drive_bus_follows_machine(machine: str, bus: str) -> None:
+    root = parse(config(machine=machine))
+    assert root.find("os/type").get("machine") == machine
+    assert root.find("devices/disk[@device='cdrom']/target").get("bus") == bus
