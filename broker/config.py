@@ -94,6 +94,61 @@ class Settings(BaseSettings):
     events_retention: int = Field(default=1_000_000, ge=1000)
     sse_client_queue: int = Field(default=1000, ge=10, le=1_000_000)
 
+    # ---- fleet, images, provisioning ---------------------------------------------------------
+    images_dir: Path | None = Field(
+        default=None, description="guest image cache (default <data_dir>/images)"
+    )
+    loadouts_dir: Path | None = Field(
+        default=None, description="extra loadout YAML files (default <data_dir>/loadouts)"
+    )
+    default_recipe: str = Field(default="debian-12-agent", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    provision_ready_timeout_seconds: float = Field(default=240.0, ge=5, le=3600)
+    max_instances_per_owner: int = Field(default=50, ge=1, le=100_000)
+    max_concurrent_provisions: int = Field(default=4, ge=1, le=256)
+    kvm_probe: bool = Field(default=True, description="probe KVM at start (else assume TCG)")
+
+    # ---- agent link (gRPC) ----------------------------------------------------------------
+    grpc_enroll_listen: str = Field(
+        default="127.0.0.1:8121",
+        description="server-auth TLS listener for Enroll (agents have no certificate yet); "
+        "Connect and Renew use grpc_listen with mutual TLS",
+    )
+    grpc_tls_names: list[str] = Field(
+        default_factory=list,
+        description="extra DNS names / IPs in the gRPC server certificate (agents verify the "
+        "name agentic-sandbox-server by default)",
+    )
+    agent_heartbeat_seconds: float = Field(default=5.0, ge=0.05, le=300)
+    agent_stale_after_heartbeats: int = Field(default=3, ge=2, le=100)
+    agent_disconnect_after_heartbeats: int = Field(default=12, ge=3, le=1000)
+    agent_cert_ttl_seconds: int = Field(default=7 * 86400, ge=10, le=366 * 86400)
+    enrollment_token_ttl_seconds: int = Field(default=3600, ge=10, le=30 * 86400)
+    agent_outbox_messages: int = Field(default=10_000, ge=100, le=1_000_000)
+
+    # ---- sessions ---------------------------------------------------------------------------
+    session_ring_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
+    session_max_observers: int = Field(default=100, ge=0, le=10_000)
+    session_max_per_instance: int = Field(default=64, ge=1, le=10_000)
+    session_client_max_lag_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024**3,
+        description="a client further behind than this is skipped ahead to a snapshot (resync)",
+    )
+    session_client_stall_seconds: float = Field(
+        default=30.0, ge=0.5, le=3600, description="a client stuck in one send this long is dropped"
+    )
+    session_frame_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    session_open_timeout_seconds: float = Field(default=15.0, ge=0.5, le=600)
+    session_kill_grace_seconds: float = Field(default=3.0, ge=0, le=600)
+    session_retain_seconds: float = Field(
+        default=300.0, ge=0, le=7 * 86400, description="ended sessions stay attachable this long"
+    )
+    session_recording: bool = True
+    session_recording_input: bool = False
+    session_recording_max_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    session_hitl_quiet_ms: int = Field(default=300, ge=10, le=60_000)
+
     # ---- tasks (A2A surface and the deprecated v1 task API) --------------------------------
     task_max_running: int = Field(
         default=32, ge=1, le=100_000, description="concurrent task runs, all owners together"
@@ -128,7 +183,7 @@ class Settings(BaseSettings):
         default=dt.date(2027, 6, 30), description="Sunset date announced by the v1 task API"
     )
 
-    @field_validator("http_listen", "grpc_listen", "metrics_listen")
+    @field_validator("http_listen", "grpc_listen", "metrics_listen", "grpc_enroll_listen")
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
@@ -177,6 +232,10 @@ class Settings(BaseSettings):
         return parse_listen(self.grpc_listen)
 
     @property
+    def grpc_enroll_address(self) -> tuple[str, int]:
+        return parse_listen(self.grpc_enroll_listen)
+
+    @property
     def metrics_address(self) -> tuple[str, int]:
         return parse_listen(self.metrics_listen)
 
@@ -195,6 +254,14 @@ class Settings(BaseSettings):
     @property
     def effective_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / "admin-token"
+
+    @property
+    def effective_images_dir(self) -> Path:
+        return self.images_dir or self.data_dir / "images"
+
+    @property
+    def effective_loadouts_dir(self) -> Path:
+        return self.loadouts_dir or self.data_dir / "loadouts"
 
     @property
     def libvirt_enabled(self) -> bool:

@@ -3,6 +3,7 @@
 The only package that touches libvirt. Import from here; the modules are private.
 """
 
+from .core import observe_stages
 from .domain_xml import METADATA_NS
 from .errors import (
     Conflict,
@@ -78,6 +79,7 @@ __all__ = [
     "Resources",
     "SavedState",
     "SnapshotInfo",
+    "observe_stages",
     "probe_kvm",
     "validate_instance_id",
 ]

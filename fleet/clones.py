@@ -80,8 +80,14 @@ def state_from_xml(state_id: str, host: str, save_path: str, xml: str) -> SavedS
 class CloneOps(FleetBase):
     # ------------------------------------------------------------------ saved states
 
-    async def capture_state(self, instance_id: str, state_id: str) -> SavedState:
-        """Save a running instance's memory and disk as a reusable state (see module doc)."""
+    async def capture_state(
+        self, instance_id: str, state_id: str, *, keep_running: bool = False
+    ) -> SavedState:
+        """Save a running instance's memory and disk as a reusable state (see module doc).
+
+        The source is left shut off, unless ``keep_running``: then it is restored from the
+        state it was just saved to (its own disk and identity), so it carries on after a pause
+        of about a restore's time — a memory snapshot that clones can be made from."""
         validate_name(state_id)
         if state_id in self.saved_states:
             raise Conflict(f"saved state {state_id!r} already exists")
@@ -122,7 +128,12 @@ class CloneOps(FleetBase):
                     overlay=disk_path,
                     serial_log=e.record.serial_log,
                     seed=None,
-                    net=NetConfig(e.record.egress, e.record.agent_port, e.record.ssh_port),
+                    net=NetConfig(
+                        e.record.egress,
+                        e.record.agent_port,
+                        e.record.ssh_port,
+                        self.config.extra_agent_ports,
+                    ),
                     record=record,
                 )
                 await h.run(
@@ -135,6 +146,20 @@ class CloneOps(FleetBase):
                 state = state_from_xml(
                     state_id, h.name, save_path, rewrite_for_clone(header.xml, ident)
                 )
+                if keep_running:
+                    # The header now names the frozen disk; restore the source with its own
+                    # XML (same UUID, its own overlay, unchanged since the save).
+                    self.fault("resuming")
+                    own_xml = await h.run(
+                        dom.XMLDesc,
+                        libvirt.VIR_DOMAIN_XML_SECURE | libvirt.VIR_DOMAIN_XML_INACTIVE,
+                    )
+                    conn, _ = h.require()
+                    # libvirt's test driver cannot take replacement XML; its domains are
+                    # not real, so restoring the header's XML there is equivalent.
+                    dxml = None if h.domain_type == "test" else own_xml
+                    await h.run(conn.restoreFlags, save_path, dxml, 0)
+                    self.set_state(e, InstanceState.RUNNING, f"resumed after capturing {state_id}")
             except BaseException:
                 await asyncio.shield(undo.run())
                 raise
@@ -241,7 +266,9 @@ class CloneOps(FleetBase):
                     overlay=record.overlay,
                     serial_log=record.serial_log,
                     seed=record.seed,
-                    net=NetConfig(spec.egress, spec.agent_port, record.ssh_port),
+                    net=NetConfig(
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                    ),
                     record=record,
                 )
                 async with self.state_lock(state_id):
@@ -358,7 +385,9 @@ class CloneOps(FleetBase):
                     overlay=overlay,
                     serial_log=record.serial_log,
                     seed=record.seed,
-                    net=NetConfig(spec.egress, spec.agent_port, record.ssh_port),
+                    net=NetConfig(
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                    ),
                     record=record,
                 )
                 new = await h.run(conn.defineXML, rewrite_for_clone(src_xml, ident))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -65,6 +66,10 @@ def translate(err: libvirt.libvirtError, host: str) -> FleetError:
     return LibvirtFailure(msg)
 
 
+CallObserver = Callable[[str, float, bool], None]
+"""Called after each blocking call with (operation name, seconds, succeeded)."""
+
+
 class HostConnection:
     def __init__(
         self,
@@ -75,7 +80,9 @@ class HostConnection:
         on_lifecycle: LifecycleCallback,
         on_disconnect: Callable[[HostConnection, str], None],
         on_reconnect: Callable[[HostConnection], Awaitable[None]],
+        on_call: CallObserver | None = None,
     ) -> None:
+        self.on_call = on_call
         self.spec = spec
         self.name = spec.name
         self.config = config
@@ -119,10 +126,17 @@ class HostConnection:
         if self.conn is None:
             raise HostUnavailable(f"host {self.name} is unreachable: {self.reason}")
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        ok = False
         try:
-            return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+            result = await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+            ok = True
+            return result
         except libvirt.libvirtError as e:
             raise translate(e, self.name) from e
+        finally:
+            if self.on_call is not None:
+                self.on_call(getattr(fn, "__name__", "call"), time.perf_counter() - started, ok)
 
     def free_memory_mib(self) -> int:
         """Blocking: free host memory (the test driver reports none: all of it is free)."""

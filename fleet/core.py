@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import libvirt
 
-from .connection import HostConnection
+from .connection import CallObserver, HostConnection
 from .errors import NotFound
 from .events import CrashLoopDetector, EventCallback, EventSink
 from .models import (
@@ -36,6 +38,21 @@ log = logging.getLogger(__name__)
 FaultHook = Callable[[str], None]
 """Test seam: called with a stage name before each step of a multi-step operation; raising
 there simulates a failure at that step."""
+
+StageObserver = Callable[[str], None]
+_stage_observer: ContextVar[StageObserver | None] = ContextVar("fleet_stage_observer", default=None)
+
+
+@contextmanager
+def observe_stages(observer: StageObserver) -> Iterator[None]:
+    """Within this block (same task), ``observer(stage)`` is called as each step of a
+    multi-step operation (create, clone, pool take) begins: placing, ports, disk, seed,
+    defining, booting, restoring, … — so the layer above can time its stages."""
+    token = _stage_observer.set(observer)
+    try:
+        yield
+    finally:
+        _stage_observer.reset(token)
 
 
 @dataclass
@@ -55,7 +72,9 @@ class FleetBase:
         *,
         on_event: EventCallback | None = None,
         fault_hook: FaultHook | None = None,
+        on_call: CallObserver | None = None,
     ) -> None:
+        self.on_call = on_call
         self.config = config or FleetConfig()
         self.events = EventSink(on_event)
         self.crash_detector = CrashLoopDetector(
@@ -78,6 +97,9 @@ class FleetBase:
     # ------------------------------------------------------------------ plumbing
 
     def fault(self, stage: str) -> None:
+        observer = _stage_observer.get()
+        if observer is not None:
+            observer(stage)
         if self._fault_hook is not None:
             self._fault_hook(stage)
 

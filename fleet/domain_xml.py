@@ -45,6 +45,7 @@ class NetConfig:
     egress: EgressPolicy
     agent_port: int
     ssh_port: int | None
+    extra_ports: tuple[int, ...] = ()  # more host ports the guest may reach on the alias
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,9 @@ def netdev_value(net: NetConfig) -> str:
     if net.ssh_port is not None:
         parts.append(f"hostfwd=tcp:127.0.0.1:{int(net.ssh_port)}-:22")
     if net.egress is EgressPolicy.ISOLATED:
-        target = _qemu_opt(f"tcp:127.0.0.1:{int(net.agent_port)},reconnect=1")
-        parts.append(f"guestfwd=tcp:{AGENT_LINK_ADDRESS}:{int(net.agent_port)}-{target}")
+        for port in dict.fromkeys((int(net.agent_port), *(int(p) for p in net.extra_ports))):
+            target = _qemu_opt(f"tcp:127.0.0.1:{port},reconnect=1")
+            parts.append(f"guestfwd=tcp:{AGENT_LINK_ADDRESS}:{port}-{target}")
     return ",".join(parts)
 
 

@@ -30,6 +30,7 @@ class HostOps(FleetBase):
             on_lifecycle=self.on_lifecycle,  # type: ignore[attr-defined]
             on_disconnect=self.on_disconnect,  # type: ignore[attr-defined]
             on_reconnect=self.on_reconnect,  # type: ignore[attr-defined]
+            on_call=self.on_call,
         )
         self.hosts[spec.name] = h
         self.emit(FleetEventKind.HOST_ADDED, host=spec.name, detail=spec.uri)

@@ -265,7 +265,9 @@ class LifecycleOps(FleetBase):
                     seed=record.seed,
                     record=record,
                     boot=boot,
-                    net=NetConfig(spec.egress, spec.agent_port, record.ssh_port),
+                    net=NetConfig(
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                    ),
                     machine=self.config.machine,
                     nic_pci_slot=self.config.nic_pci_slot,
                     cpu_shares=res.cpu_shares,

@@ -232,6 +232,12 @@ class FleetConfig(_Input):
         "does not compete with the guest that was just handed out",
     )
     default_uri: str = "qemu:///system"
+    extra_agent_ports: tuple[Port, ...] = Field(
+        default=(),
+        max_length=4,
+        description="host ports besides each instance's agent port that `isolated` guests may "
+        "reach on the host alias (the server's enrollment listener)",
+    )
 
 
 class CrashRecord(BaseModel):

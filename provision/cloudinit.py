@@ -26,7 +26,7 @@ AGENT_HOME = "/opt/agentic-sandbox"
 AGENT_APP = f"{AGENT_HOME}/app"
 AGENT_VENV = f"{AGENT_HOME}/venv"
 AGENT_ETC = "/etc/agentic-sandbox"
-AGENT_CONFIG = f"{AGENT_ETC}/agent.json"
+AGENT_CONFIG = f"{AGENT_ETC}/agent.toml"
 AGENT_UNIT = "agentic-sandbox-agent.service"
 GUEST_ADDRESS = "10.0.2.15/24"  # QEMU user-mode networking's guest address
 HOST_ALIAS = "10.0.2.2"  # QEMU user-mode networking's alias for the host's loopback
@@ -61,6 +61,8 @@ class AgentBootstrap:
 
     instance_id: str
     server_address: str  # as the guest sees it, e.g. 10.0.2.2:8120
+    enroll_address: str  # the enrollment listener as the guest sees it, e.g. 10.0.2.2:8121
+    server_name: str  # the TLS name the agent verifies
     enrollment_token: str
     ca_pem: str
     bundle: bytes = field(repr=False)
@@ -69,13 +71,27 @@ class AgentBootstrap:
 
     def config(self) -> dict[str, Any]:
         return {
-            "server": self.server_address,
             "instance_id": self.instance_id,
-            "ca_file": f"{AGENT_ETC}/ca.pem",
+            "server": self.server_address,
+            "enroll_server": self.enroll_address,
+            "server_name": self.server_name,
+            "ca_cert": f"{AGENT_ETC}/ca.pem",
             "enrollment_token_file": f"{AGENT_ETC}/enrollment-token",
             "state_dir": "/var/lib/agentic-sandbox-agent",
             **self.extra_config,
         }
+
+    def config_toml(self) -> str:
+        """The agent's TOML config (JSON string escapes are valid TOML basic strings)."""
+        lines = []
+        for key, value in self.config().items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, int | float):
+                lines.append(f"{key} = {value}")
+            else:
+                lines.append(f"{key} = {json.dumps(str(value))}")
+        return "\n".join(lines) + "\n"
 
 
 def _stage(name: str) -> list[str]:

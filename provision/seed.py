@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pycdlib
@@ -20,6 +20,7 @@ class SeedFiles:
     meta_data: str
     network_config: str | None = None
     vendor_data: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)  # more files (cloud-init ignores them)
 
     def files(self) -> dict[str, bytes]:
         out = {"user-data": self.user_data.encode(), "meta-data": self.meta_data.encode()}
@@ -27,6 +28,8 @@ class SeedFiles:
             out["network-config"] = self.network_config.encode()
         if self.vendor_data is not None:
             out["vendor-data"] = self.vendor_data.encode()
+        for name, text in self.extra.items():
+            out[name] = text.encode()
         return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from broker.app import Component
 from broker.config import Settings
 from broker.server import Server
 from broker.services import Services
@@ -78,11 +79,16 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
 
 
 class start_server:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        components: Callable[[Services], list[Component]] | None = None,
+    ) -> None:
         self.settings = settings
+        self.components = components or (lambda svc: [])
 
     async def __aenter__(self) -> Running:
-        self.server = Server(self.settings, component_factory=lambda svc: [])
+        self.server = Server(self.settings, component_factory=self.components)
         svc = await self.server.start()
         token = self.settings.effective_admin_token_file.read_text().strip()
         self.http = aiohttp.ClientSession()

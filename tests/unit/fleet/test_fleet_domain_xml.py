@@ -223,3 +223,14 @@ def test_seed_drive_bus_follows_machine(machine: str, bus: str) -> None:
     root = parse(config(machine=machine))
     assert root.find("os/type").get("machine") == machine
     assert root.find("devices/disk[@device='cdrom']/target").get("bus") == bus
+
+
+def test_isolated_guest_reaches_the_extra_agent_ports_only() -> None:
+    value = netdev_value(NetConfig(EgressPolicy.ISOLATED, 8120, 42001, (8121, 8120)))
+    forwards = [p for p in value.split(",") if p.startswith("guestfwd=")]
+    assert forwards == [
+        "guestfwd=tcp:10.0.2.2:8120-tcp:127.0.0.1:8120",
+        "guestfwd=tcp:10.0.2.2:8121-tcp:127.0.0.1:8121",
+    ]
+    assert ",,reconnect=1" in value  # QEMU option escaping of the chardev's own comma
+    assert "guestfwd" not in netdev_value(NetConfig(EgressPolicy.NAT, 8120, 42001, (8121,)))

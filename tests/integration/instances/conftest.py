@@ -1,0 +1,26 @@
+"""A server whose fleet runs on libvirt's test driver (one private node per test), with a fake
+image in its cache. No agents: creates do not wait for enrollment."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from broker.instances import FleetComponent
+from images import ImageStore
+from tests.fleet_support.testdriver import node_uri
+from tests.inproc import Running, make_settings, start_server
+from tests.unit.images.images_fakes import publish_fake
+
+IMAGE = "fake-0123456789ab"
+
+
+@pytest.fixture
+async def fleet_server(tmp_path: Path) -> AsyncIterator[Running]:
+    data = tmp_path / "data"
+    publish_fake(ImageStore(data / "images"), IMAGE, recipe_name="fake")
+    settings = make_settings(tmp_path, libvirt_uri=node_uri(tmp_path, "local"), kvm_probe=False)
+    async with start_server(settings, components=lambda svc: [FleetComponent(svc)]) as r:
+        yield r

@@ -1,0 +1,224 @@
+"""The admin API over the fleet (libvirt's test driver): create, lifecycle, snapshots, clones,
+hosts, errors, ownership, events and audit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.inproc import Running
+from tests.integration.instances.conftest import IMAGE
+
+
+async def wait_op(r: Running, op: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    for _ in range(200):
+        if op["state"] in ("succeeded", "failed", "canceled"):
+            return op
+        await asyncio.sleep(0.05)
+        status, op, _ = await r.call("GET", f"/api/v2/admin/operations/{op['id']}", token=token)
+        assert status == 200, op
+    raise AssertionError(f"operation did not end: {op}")
+
+
+async def create(r: Running, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    status, op, _ = await r.call("POST", "/api/v2/admin/instances", token=token, json=body)
+    assert status == 202, op
+    assert op["kind"] == "provision" and op["subject_id"] == body["id"]
+    return await wait_op(r, op, token)
+
+
+async def test_create_lifecycle_delete(fleet_server: Running) -> None:
+    r = fleet_server
+    op = await create(r, {"id": "vm-1", "image": IMAGE, "wait_ready": False})
+    assert op["state"] == "succeeded", op
+    names = [s["name"] for s in op["stages"]]
+    assert names[0] == "seed" and names[-1] == "ready"
+    assert {"placing", "disk", "defining", "booting"} <= set(names)
+    assert all(s["seconds"] is not None for s in op["stages"])
+
+    status, inst, _ = await r.call("GET", "/api/v2/admin/instances/vm-1")
+    assert status == 200
+    assert inst["state"] == "running" and inst["host"] == "local"
+    assert inst["owner"] == "admin" and inst["ssh_port"]
+    assert inst["network_policy"] == "isolated" and inst["loadout"] == "minimal"
+
+    for action, expected in (
+        ("suspend", "paused"),
+        ("resume", "running"),
+        ("force-off", "shutoff"),
+        ("start", "running"),
+        ("stop", "shutoff"),
+    ):
+        status, body, _ = await r.call("POST", f"/api/v2/admin/instances/vm-1/{action}", json={})
+        assert status == 200, (action, body)
+        assert body["state"] == expected, (action, body)
+
+    status, _, _ = await r.call("DELETE", "/api/v2/admin/instances/vm-1")
+    assert status == 204
+    status, _, _ = await r.call("GET", "/api/v2/admin/instances/vm-1")
+    assert status == 404
+    leftovers = list((r.svc.settings.data_dir / "fleet" / "instances").glob("*vm-1*"))
+    assert leftovers == []
+    status, events, _ = await r.call("GET", "/api/v1/events?instance_id=vm-1&limit=200")
+    types = [e["type"] for e in events["items"]]
+    assert types[0] == "instance.provisioning" and "instance.ready" in types
+    assert "instance.deleted" in types
+    status, audit, _ = await r.call(
+        "GET", "/api/v2/admin/audit?subject_type=instance&subject_id=vm-1"
+    )
+    transitions = [(a["from_state"], a["to_state"]) for a in audit["items"] if a["to_state"]]
+    assert (None, "provisioning") in transitions and transitions[-1][1] == "deleted"
+
+
+async def test_memory_snapshot_and_clone(fleet_server: Running) -> None:
+    r = fleet_server
+    assert (await create(r, {"id": "src", "image": IMAGE, "wait_ready": False}))[
+        "state"
+    ] == "succeeded"
+    status, snap, _ = await r.call(
+        "POST", "/api/v2/admin/instances/src/snapshots", json={"name": "s1", "memory": True}
+    )
+    assert status == 201 and snap["kind"] == "memory", snap
+    status, _body, _ = await r.call(
+        "POST", "/api/v2/admin/instances/src/snapshots", json={"name": "s1"}
+    )
+    assert status == 409
+    status, op, _ = await r.call(
+        "POST",
+        "/api/v2/admin/instances/src/clone",
+        json={"new_id": "copy", "snapshot": "s1", "wait_ready": False},
+    )
+    assert status == 202
+    op = await wait_op(r, op)
+    assert op["state"] == "succeeded", op
+    for iid in ("src", "copy"):
+        status, inst, _ = await r.call("GET", f"/api/v2/admin/instances/{iid}")
+        assert inst["state"] == "running", inst
+    _, src, _ = await r.call("GET", "/api/v2/admin/instances/src")
+    _, copy, _ = await r.call("GET", "/api/v2/admin/instances/copy")
+    assert src["ssh_port"] != copy["ssh_port"]
+    status, listing, _ = await r.call("GET", "/api/v2/admin/instances/src/snapshots")
+    assert [s["name"] for s in listing["items"]] == ["s1"]
+    status, _, _ = await r.call("POST", "/api/v2/admin/instances/src/snapshots/s1/revert")
+    assert status == 200
+
+
+async def test_bad_requests_name_the_problem(fleet_server: Running) -> None:
+    r = fleet_server
+    cases = [
+        ({"id": "Bad_Name", "image": IMAGE}, 422, "body.id"),
+        ({"id": "ok-1", "image": IMAGE, "loadout": "nope"}, 422, "body.loadout"),
+        ({"id": "ok-1", "image": "no-such-image"}, 422, "body.image"),
+        ({"id": "ok-1", "image": IMAGE, "resources": {"cpus": 0}}, 422, "body.resources.cpus"),
+        ({"id": "ok-1", "image": IMAGE, "ssh_keys": ["not a key"]}, 422, "body.ssh_keys.0"),
+        ({"id": "ok-1", "from_snapshot": "x/y"}, 404, "instance"),
+    ]
+    for body, status_expected, fragment in cases:
+        status, problem, _ = await r.call("POST", "/api/v2/admin/instances", json=body)
+        assert status == status_expected, (body, problem)
+        assert fragment in problem["detail"], (body, problem)
+    status, rows, _ = await r.call("GET", "/api/v2/admin/instances")
+    assert rows["items"] == []
+
+
+async def test_failed_provision_leaves_nothing(fleet_server: Running) -> None:
+    r = fleet_server
+    # packages need network at first boot, and this instance is isolated
+    op = await create(r, {"id": "iso-1", "image": IMAGE, "loadout": "dev", "network": "isolated"})
+    assert op["state"] == "failed"
+    assert op["error"]["stage"] == "placing" and "nat" in op["error"]["cause"]
+    # a host that does not exist: the fleet refuses at placing
+    op = await create(r, {"id": "iso-2", "image": IMAGE, "host": "elsewhere", "wait_ready": False})
+    assert op["state"] == "failed" and op["error"]["stage"] == "placing", op
+    _status, rows, _ = await r.call("GET", "/api/v2/admin/instances")
+    assert rows["items"] == []
+    fleet_dir = r.svc.settings.data_dir / "fleet" / "instances"
+    assert not list(fleet_dir.glob("*iso-*"))
+    assert not list((r.svc.settings.data_dir / "provision" / "seeds").glob("*"))
+
+
+async def test_ownership_and_roles(fleet_server: Running) -> None:
+    r = fleet_server
+    alice = await r.make_token("alice", "operator")
+    bob = await r.make_token("bob", "operator")
+    viewer = await r.make_token("vera", "viewer")
+    op = await create(r, {"id": "alice-vm", "image": IMAGE, "wait_ready": False}, token=alice)
+    assert op["state"] == "succeeded"
+    status, _, _ = await r.call("GET", "/api/v2/admin/instances/alice-vm", token=bob)
+    assert status == 404
+    status, _, _ = await r.call("DELETE", "/api/v2/admin/instances/alice-vm", token=bob)
+    assert status == 404
+    status, _, _ = await r.call("GET", f"/api/v2/admin/operations/{op['id']}", token=bob)
+    assert status == 404
+    status, listing, _ = await r.call("GET", "/api/v2/admin/instances", token=bob)
+    assert listing["items"] == []
+    status, _, _ = await r.call(
+        "POST", "/api/v2/admin/instances", token=viewer, json={"id": "v-1", "image": IMAGE}
+    )
+    assert status == 403
+    status, listing, _ = await r.call("GET", "/api/v2/admin/instances")
+    assert [i["id"] for i in listing["items"]] == ["alice-vm"]
+    status, _, _ = await r.call(
+        "POST", "/api/v2/admin/instances", token=alice, json={"id": "alice-vm", "image": IMAGE}
+    )
+    assert status == 409
+
+
+async def test_hosts_and_placement(fleet_server: Running, tmp_path: Any) -> None:
+    from tests.fleet_support.testdriver import node_uri
+
+    r = fleet_server
+    uri = node_uri(tmp_path, "second", memory_mib=65536)
+    status, host, _ = await r.call(
+        "POST",
+        "/api/v2/admin/hosts",
+        json={
+            "name": "second",
+            "uri": uri,
+            "labels": {"zone": "b"},
+            "ssh_port_range": [43100, 43199],
+        },
+    )
+    assert status == 201 and host["state"] == "reachable", host
+    status, hosts, _ = await r.call("GET", "/api/v2/admin/hosts")
+    assert {h["name"] for h in hosts["items"]} == {"local", "second"}
+    op = await create(
+        r, {"id": "zoned", "image": IMAGE, "host_labels": {"zone": "b"}, "wait_ready": False}
+    )
+    assert op["state"] == "succeeded", op
+    _, inst, _ = await r.call("GET", "/api/v2/admin/instances/zoned")
+    assert inst["host"] == "second"
+    status, body, _ = await r.call("DELETE", "/api/v2/admin/hosts/second")
+    assert status == 409, body  # it still has an instance
+    status, _, _ = await r.call(
+        "POST", "/api/v2/admin/hosts", json={"name": "x", "uri": "http://no"}
+    )
+    assert status == 422
+
+
+async def test_loadouts_and_images_are_listed(fleet_server: Running) -> None:
+    r = fleet_server
+    status, loadouts, _ = await r.call("GET", "/api/v2/admin/loadouts")
+    names = {lo["name"] for lo in loadouts["items"]}
+    assert {"minimal", "dev", "reviewer"} <= names
+    status, reviewer, _ = await r.call("GET", "/api/v2/admin/loadouts/reviewer")
+    assert any(s["id"] == "text-stats" and "input_schema" in s for s in reviewer["skills"])
+    status, images, _ = await r.call("GET", "/api/v2/admin/images")
+    assert [i["name"] for i in images["items"]] == [IMAGE]
+    status, problem, _ = await r.call("POST", "/api/v2/admin/images", json={"recipe": "nope"})
+    assert status == 422 and "unknown recipe" in problem["detail"]
+
+
+async def test_metrics_show_instances_by_state_and_host(fleet_server: Running) -> None:
+    r = fleet_server
+    await create(r, {"id": "m-1", "image": IMAGE, "wait_ready": False})
+    from broker.observability.component import StoreGauges
+
+    gauges = next(c for c in r.server.components if isinstance(c, StoreGauges))
+    await gauges.refresh()
+    _status, text, _ = await r.call("GET", "/metrics")
+    assert b'sandbox_instances{host="local",state="running"} 1.0' in text
+    assert b"sandbox_libvirt_call_duration_seconds_bucket" in text
+    assert (
+        b'sandbox_provision_stage_duration_seconds_count{outcome="ok",stage="booting"} 1.0' in text
+    )
