@@ -4,7 +4,7 @@ The only package that touches libvirt. Import from here; the modules are private
 """
 
 from .core import observe_stages
-from .domain_xml import METADATA_NS
+from .domain_xml import METADATA_NS, preview_domain_xml
 from .errors import (
     Conflict,
     FleetError,
@@ -80,6 +80,7 @@ __all__ = [
     "SavedState",
     "SnapshotInfo",
     "observe_stages",
+    "preview_domain_xml",
     "probe_kvm",
     "validate_instance_id",
 ]

@@ -8,16 +8,22 @@ values that were validated before they got here. The fleet's own facts about an 
 from __future__ import annotations
 
 import json
+import posixpath
+import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
 from .models import (
     AGENT_LINK_ADDRESS,
+    DOMAIN_PREFIX,
     EgressPolicy,
     FirmwareBoot,
+    FleetConfig,
     InstanceRecord,
+    InstanceSpec,
     IoTune,
+    KernelBoot,
 )
 
 METADATA_NS = "urn:agentic-sandbox:fleet:1"
@@ -383,3 +389,61 @@ def rewrite_for_clone(xml: str, ident: CloneIdentity) -> str:
         md.remove(old)
     md.append(record_element(ident.record))
     return ET.tostring(root, encoding="unicode")
+
+
+def preview_domain_xml(
+    spec: InstanceSpec, config: FleetConfig, *, domain_type: str = "qemu", ssh_port: int = 42200
+) -> str:
+    """The domain XML `create(spec)` would define, with the paths the local host would use —
+    for dry runs; nothing is touched."""
+    name = f"{DOMAIN_PREFIX}{spec.instance_id}"
+    inst_dir = posixpath.join(config.data_dir, "instances")
+    bases = posixpath.join(config.data_dir, "bases")
+    boot: KernelPaths | FirmwareBoot
+    if isinstance(spec.boot, KernelBoot):
+        boot = KernelPaths(
+            posixpath.join(bases, spec.boot.kernel),
+            posixpath.join(bases, spec.boot.initrd) if spec.boot.initrd else None,
+            spec.boot.cmdline,
+        )
+    else:
+        boot = spec.boot
+    record = InstanceRecord(
+        instance_id=spec.instance_id,
+        domain=name,
+        host=spec.host or "local",
+        owner=spec.owner,
+        image=spec.image,
+        loadout=spec.loadout,
+        overlay=posixpath.join(inst_dir, f"{name}.qcow2"),
+        seed=posixpath.join(inst_dir, f"{name}.seed.iso") if spec.seed else None,
+        serial_log=posixpath.join(inst_dir, f"{name}.serial.log"),
+        ssh_port=ssh_port,
+        agent_port=spec.agent_port,
+        egress=spec.egress,
+        vcpus=spec.resources.vcpus,
+        memory_mib=spec.resources.memory_mib,
+    )
+    res = spec.resources
+    return build_domain_xml(
+        DomainConfig(
+            name=name,
+            uuid=str(uuidlib.uuid4()),
+            domain_type=domain_type,
+            vcpus=res.vcpus,
+            memory_mib=res.memory_mib,
+            overlay=record.overlay,
+            serial_log=record.serial_log,
+            seed=record.seed,
+            record=record,
+            boot=boot,
+            net=NetConfig(spec.egress, spec.agent_port, ssh_port, config.extra_agent_ports),
+            machine=config.machine,
+            nic_pci_slot=config.nic_pci_slot,
+            cpu_shares=res.cpu_shares,
+            cpu_quota_pct=res.cpu_quota_pct,
+            iotune=res.iotune,
+            tb_cache_mib=res.tb_cache_mib,
+            title=f"agentic-sandbox instance {spec.instance_id}",
+        )
+    )

@@ -34,6 +34,19 @@ RUNTIME_REQUIREMENTS = ("grpcio", "protobuf", "ptyprocess")
 MARKER = "agentic-sandbox: stage"
 
 
+class _CloudConfigDumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks, so the seed reads like the files it writes."""
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_CloudConfigDumper.add_representer(str, _str_presenter)
+
+
 def agent_bundle() -> bytes:
     """A reproducible tar.gz of the `agent` and `proto` packages (sources only)."""
     buf = io.BytesIO()
@@ -126,17 +139,26 @@ def render_user_data(
     bootstrap: AgentBootstrap,
     ssh_keys: list[str],
     python: str = f"{AGENT_VENV}/bin/python",
+    elide_bundle: bool = False,
+    nat: bool = False,
 ) -> str:
+    """The #cloud-config document (`elide_bundle` shows the agent bundle as a placeholder, for
+    dry runs that print it)."""
+    bundle_b64 = (
+        f"<agent bundle: {len(bootstrap.bundle)} bytes, base64>"
+        if elide_bundle
+        else base64.b64encode(bootstrap.bundle).decode()
+    )
     write_files: list[dict[str, Any]] = [
         {
             "path": f"{AGENT_HOME}/agent-bundle.tar.gz",
             "encoding": "b64",
-            "content": base64.b64encode(bootstrap.bundle).decode(),
+            "content": bundle_b64,
             "permissions": "0644",
         },
         {
             "path": AGENT_CONFIG,
-            "content": json.dumps(bootstrap.config(), indent=2) + "\n",
+            "content": bootstrap.config_toml(),
             "permissions": "0644",
         },
         {"path": f"{AGENT_ETC}/ca.pem", "content": bootstrap.ca_pem, "permissions": "0644"},
@@ -151,6 +173,10 @@ def render_user_data(
             "permissions": "0644",
         },
     ]
+    if nat:  # the image ships an empty resolv.conf; user-mode NAT's resolver is 10.0.2.3
+        write_files.append(
+            {"path": "/etc/resolv.conf", "content": "nameserver 10.0.2.3\n", "permissions": "0644"}
+        )
     if loadout.environment:
         env_lines = "".join(
             f"{k}={json.dumps(v)}\n" for k, v in sorted(loadout.environment.items())
@@ -209,7 +235,9 @@ def render_user_data(
     if loadout.packages:
         doc["packages"] = list(loadout.packages)
         doc["package_update"] = True
-    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1_000_000)
+    return "#cloud-config\n" + yaml.dump(
+        doc, Dumper=_CloudConfigDumper, sort_keys=False, width=1_000_000
+    )
 
 
 def render_meta_data(instance_id: str, hostname: str) -> str:

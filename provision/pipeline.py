@@ -218,7 +218,12 @@ class Provisioner:
             raise ProvisionError("placing", "no pool key given")
 
     def seed_files(
-        self, req: ProvisionRequest, grant: EnrollmentGrant | None, runtime_baked: bool = True
+        self,
+        req: ProvisionRequest,
+        grant: EnrollmentGrant | None,
+        runtime_baked: bool = True,
+        *,
+        for_display: bool = False,
     ) -> SeedFiles:
         import json
 
@@ -248,6 +253,8 @@ class Provisioner:
                 loadout=req.loadout,
                 bootstrap=bootstrap,
                 ssh_keys=list(req.ssh_keys),
+                elide_bundle=for_display,
+                nat=req.egress is EgressPolicy.NAT,
             ),
             meta_data=render_meta_data(req.instance_id, hostname),
             network_config=render_network_config(
