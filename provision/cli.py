@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
         metavar="INSTANCE/SNAPSHOT",
         help="restore a memory snapshot under this new identity",
     )
+    p.add_argument(
+        "--delete",
+        action="store_true",
+        help="delete the instance NAME (domain, disks, seed, port) instead",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     p.add_argument(
         "--dry-run", action="store_true", help="print the domain XML and user-data; change nothing"
@@ -407,13 +412,34 @@ async def run_direct(
         }
 
 
+def delete(args: argparse.Namespace, server: tuple[str, str] | None) -> dict[str, Any]:
+    if server is not None:
+        url, token = server
+        status, body = http(url, token, "DELETE", f"/api/v2/admin/instances/{args.name}")
+        if status not in (204, 404):
+            raise ProvisionError("deleting", (body or {}).get("detail", f"HTTP {status}"))
+        return {"deleted": args.name, "server": url}
+
+    async def run() -> None:
+        config = FleetConfig(data_dir=str(args.data_dir / "fleet"), default_uri=args.libvirt_uri)
+        async with Fleet(config) as fleet:
+            await fleet.open([HostSpec(name="local", uri=args.libvirt_uri)])
+            await fleet.delete(args.name)
+
+    asyncio.run(run())
+    return {"deleted": args.name, "server": None}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
         validate(args)
         server = None if args.dry_run else find_server(args)
-        result = via_server(args, *server) if server else direct(args)
+        if args.delete:
+            result = delete(args, server)
+        else:
+            result = via_server(args, *server) if server else direct(args)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -428,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if args.json:
         print(json.dumps(result, indent=2))
+    elif "deleted" in result:
+        print(f"{result['deleted']}: deleted")
     elif result.get("dry_run"):
         print("# domain XML\n" + result["domain_xml"])
         print("# user-data\n" + result["user_data"])

@@ -221,6 +221,12 @@ class LoadoutCatalog:
                 raise
         return name
 
+    def copy(self) -> LoadoutCatalog:
+        """A catalog with the same loadouts, to add one-off loadouts to without touching this."""
+        other = LoadoutCatalog([])
+        other._raw = dict(self._raw)
+        return other
+
     def names(self) -> list[str]:
         return sorted(self._raw)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+from sqlalchemy import delete
+
 from broker.agentlink import AgentLinkComponent
 from broker.config import Settings
+from broker.store import models as m
 from fleet import AGENT_LINK_ADDRESS
 from provision import EnrollmentGrant
 
@@ -65,4 +68,12 @@ class LinkEnroller:
                     del self._waiters[instance_id]
 
     async def forget(self, instance_id: str) -> None:
+        """Revoke the instance's certificates and delete its unused enrollment tokens."""
         await self._link.enrollment.revoke_instance(instance_id)
+        async with self._link.svc.db.session() as s:
+            await s.execute(
+                delete(m.EnrollmentToken).where(
+                    m.EnrollmentToken.instance_id == instance_id,
+                    m.EnrollmentToken.used_at.is_(None),
+                )
+            )

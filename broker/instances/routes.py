@@ -111,6 +111,16 @@ class InstanceCreate(Input):
         default_factory=dict, max_length=16
     )
     wait_ready: bool = Field(default=True, description="the operation ends when the agent enrolls")
+    start: bool = Field(default=True, description="start it (false: define only)")
+    ready_timeout_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="how long to wait for the agent (default: server's)",
+    )
+    loadout_spec: dict[str, Any] | None = Field(
+        default=None, description="an inline loadout (as its YAML would be) instead of `loadout`"
+    )
 
 
 class OperationOut(Output):
@@ -186,7 +196,12 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
     who = call.require_principal()
     body = call.body
     try:
-        loadout = comp.loadouts.resolve(body.loadout)
+        if body.loadout_spec is not None:
+            catalog = comp.loadouts.copy()
+            name = catalog.add(body.loadout_spec, "body.loadout_spec")
+            loadout = catalog.resolve(name)
+        else:
+            loadout = comp.loadouts.resolve(body.loadout)
     except (LoadoutError, KeyError) as exc:
         raise ProblemError(
             422,
@@ -260,8 +275,9 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
         ssh_keys=tuple(body.ssh_keys),
         host=body.host,
         host_labels=dict(body.host_labels),
-        ready_timeout=svc.settings.provision_ready_timeout_seconds,
-        wait_ready=body.wait_ready,
+        ready_timeout=body.ready_timeout_seconds or svc.settings.provision_ready_timeout_seconds,
+        wait_ready=body.wait_ready and body.start,
+        start=body.start,
     )
     op = await comp.submit_provision(req, actor=who.actor, source_label=source)
     return OperationOut.model_validate(op)

@@ -1,0 +1,258 @@
+"""End to end on real libvirtd + QEMU (TCG): an image built by `images` (cached across runs), a
+cold provision whose agent enrolls over mTLS from inside the guest, a WebSocket typing into a
+shell in that VM, a memory snapshot cloned under a new identity, isolation checked from inside,
+failures that leave nothing behind, and provision-vm.sh without a server.
+
+One server for the module; tests run in order and share the instances they make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.ptyclient import PtyClient
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
+ROOT = Path(__file__).resolve().parents[3]
+RECIPE = "debian-12-agent"
+COLD = "e2e-cold"
+CLONE = "e2e-clone"
+
+
+def require_real_libvirt() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier runs as root (libvirt qemu:///system, image builds)")
+    res = subprocess.run(
+        ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
+    )
+    if res.returncode != 0:
+        pytest.fail(
+            f"libvirtd is not answering on qemu:///system: {res.stderr.strip()} "
+            "(scripts/services.sh starts it)"
+        )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    require_real_libvirt()
+    data = tmp_path_factory.mktemp("e2e-server", numbered=True)
+    data.chmod(0o755)
+    srv = ServerProcess(
+        data / "data",
+        env={
+            "SANDBOX_LIBVIRT_URI": "qemu:///system",
+            "SANDBOX_IMAGES_DIR": str(CACHE),
+            "SANDBOX_KVM_PROBE": "false",
+            "SANDBOX_PROVISION_READY_TIMEOUT_SECONDS": "300",
+            "SANDBOX_AGENT_HEARTBEAT_SECONDS": "2",
+        },
+    )
+    (data / "data").chmod(0o755)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge"):
+            srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
+        srv.stop()
+        leftovers = domains_named("e2e-")
+        assert leftovers == [], f"domains left behind: {leftovers}"
+
+
+def domains_named(fragment: str) -> list[str]:
+    res = subprocess.run(
+        ["virsh", "-c", "qemu:///system", "list", "--all", "--name"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [n for n in res.stdout.split() if fragment in n]
+
+
+def wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while op["state"] not in ("succeeded", "failed", "canceled"):
+        assert time.monotonic() < deadline, f"operation still {op['state']}: {op}"
+        time.sleep(1)
+        op = srv.ok("GET", f"/api/v2/admin/operations/{op['id']}")
+    return op
+
+
+def provision(srv: ServerProcess, body: dict[str, Any], timeout: float = 420) -> dict[str, Any]:
+    status, op = srv.api("POST", "/api/v2/admin/instances", body)
+    assert status == 202, op
+    return wait_op(srv, op, timeout)
+
+
+async def run_in_session(
+    srv: ServerProcess, instance: str, script: str, marker: str, timeout: float = 60
+) -> str:
+    """Open a login shell on the instance, type `script` over the WebSocket, return the output
+    up to `marker`."""
+    sess = srv.ok(
+        "POST",
+        "/api/v2/admin/sessions",
+        {"instance_id": instance, "command": ["bash", "-l"], "cols": 200, "rows": 50},
+    )
+    async with await PtyClient.connect(
+        srv.ws_url, sess["id"], srv.admin_token, role="control"
+    ) as c:
+        await c.send_input(script.encode() + b"; echo " + marker.encode() + b"-$((6*7))\r")
+        await c.wait_output(f"{marker}-42".encode(), timeout=timeout)
+        text = bytes(c.data).decode(errors="replace")
+    srv.api("POST", f"/api/v2/admin/sessions/{sess['id']}/kill", {})
+    return text
+
+
+def test_image_builds_or_is_reused(server: ServerProcess) -> None:
+    status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
+    assert status == 202, op
+    op = wait_op(server, op, timeout=900)
+    assert op["state"] == "succeeded", op
+    images = server.ok("GET", "/api/v2/admin/images")["items"]
+    assert any(i["name"] == op["result"]["image"] for i in images)
+
+
+def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: ServerProcess) -> None:
+    op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"})
+    assert op["state"] == "succeeded", op
+    stages = [s["name"] for s in op["stages"]]
+    assert stages[-2:] == ["enrolling", "ready"], stages
+    inst = server.ok("GET", f"/api/v2/admin/instances/{COLD}")
+    assert inst["state"] == "running" and inst["network_policy"] == "isolated"
+    agents = server.ok("GET", "/api/v2/admin/agents")["items"]
+    assert any(a["instance_id"] == COLD and a["state"] == "connected" for a in agents)
+
+    out = asyncio.run(run_in_session(server, COLD, "uname -r; cat /etc/machine-id", "DONE"))
+    assert re.search(r"\d+\.\d+\.\d+-\d+-cloud-amd64", out), out
+    assert re.search(r"\b[0-9a-f]{32}\b", out), out
+
+
+def guest_identity(server: ServerProcess, instance: str) -> dict[str, str]:
+    out = asyncio.run(
+        run_in_session(
+            server,
+            instance,
+            "echo MID=$(cat /etc/machine-id) HOST=$(hostname) "
+            "KEY=$(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2)",
+            "IDENT",
+        )
+    )
+    line = next(x for x in out.splitlines() if x.startswith("MID=") and "$(" not in x)
+    return dict(part.split("=", 1) for part in line.split())
+
+
+def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> None:
+    status, snap = server.api(
+        "POST", f"/api/v2/admin/instances/{COLD}/snapshots", {"name": "golden", "memory": True}
+    )
+    assert status == 201, snap
+    started = time.monotonic()
+    status, op = server.api(
+        "POST", f"/api/v2/admin/instances/{COLD}/clone", {"new_id": CLONE, "snapshot": "golden"}
+    )
+    assert status == 202, op
+    op = wait_op(server, op, timeout=180)
+    assert op["state"] == "succeeded", op
+    print(f"clone from memory snapshot ready in {time.monotonic() - started:.1f}s: {op['stages']}")
+    for iid in (COLD, CLONE):
+        inst = server.ok("GET", f"/api/v2/admin/instances/{iid}")
+        assert inst["state"] == "running", inst
+    first, second = guest_identity(server, COLD), guest_identity(server, CLONE)
+    assert first["HOST"] == COLD and second["HOST"] == CLONE
+    assert first["MID"] != second["MID"]
+    assert first["KEY"] != second["KEY"]
+    agents = {a["instance_id"]: a for a in server.ok("GET", "/api/v2/admin/agents")["items"]}
+    assert agents[COLD]["state"] == agents[CLONE]["state"] == "connected"
+    assert agents[COLD].get("certificate_serial") != agents[CLONE].get("certificate_serial")
+
+
+def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess) -> None:
+    http_port = server.http_port
+    script = (
+        'probe(){ timeout 3 bash -c "</dev/tcp/$1/$2" 2>/dev/null && echo "OPEN $1:$2" '
+        '|| echo "SHUT $1:$2"; }; '
+        f"probe 10.0.2.2 {http_port}; probe 10.0.2.254 {http_port}; probe 10.0.2.3 53; "
+        f"probe 10.0.2.2 {server.grpc_port}; probe 1.1.1.1 80"
+    )
+    out = asyncio.run(run_in_session(server, COLD, script, "NET", timeout=90))
+    assert f"SHUT 10.0.2.2:{http_port}" in out, out
+    assert f"SHUT 10.0.2.254:{http_port}" in out, out
+    assert "SHUT 10.0.2.3:53" in out and "SHUT 1.1.1.1:80" in out, out
+
+
+def test_agent_that_never_enrolls_fails_at_enrolling_and_leaves_nothing(
+    server: ServerProcess,
+) -> None:
+    op = provision(server, {"id": "e2e-slow", "image": RECIPE, "ready_timeout_seconds": 5})
+    assert op["state"] == "failed", op
+    assert op["error"]["stage"] == "enrolling" and "did not enroll" in op["error"]["cause"]
+    assert server.api("GET", "/api/v2/admin/instances/e2e-slow")[0] == 404
+    assert domains_named("e2e-slow") == []
+    fleet_dir = server.data_dir / "fleet" / "instances"
+    assert not list(fleet_dir.glob("*e2e-slow*"))
+    import sqlite3
+
+    with sqlite3.connect(server.data_dir / "sandbox.db") as db:
+        (usable,) = db.execute(
+            "select count(*) from enrollment_tokens where instance_id='e2e-slow' "
+            "and used_at is null"
+        ).fetchone()
+    assert usable == 0, "the failed instance's enrollment token is still usable"
+
+
+def test_libvirt_refusal_and_bad_input_leave_nothing(server: ServerProcess) -> None:
+    op = provision(server, {"id": "e2e-huge", "image": RECIPE, "resources": {"memory_mib": 262144}})
+    assert op["state"] == "failed" and op["error"]["stage"] in ("placing", "booting"), op
+    status, body = server.api(
+        "POST", "/api/v2/admin/instances", {"id": "e2e-bad", "image": "no-such-image"}
+    )
+    assert status == 422 and "body.image" in body["detail"]
+    status, body = server.api(
+        "POST", "/api/v2/admin/instances", {"id": "e2e-bad", "image": RECIPE, "loadout": "nope"}
+    )
+    assert status == 422 and "body.loadout" in body["detail"]
+    assert domains_named("e2e-huge") == [] and domains_named("e2e-bad") == []
+
+
+def test_provision_vm_sh_without_a_server(tmp_path: Path) -> None:
+    require_real_libvirt()
+    data = tmp_path / "direct"
+    data.mkdir()
+    data.chmod(0o755)
+    tmp_path.chmod(0o755)
+    script = str(ROOT / "provision" / "provision-vm.sh")
+    common = ["--no-server", "--data-dir", str(data), "--images-dir", str(CACHE)]
+    bad = subprocess.run([script, "Not_Valid", *common], capture_output=True, text=True)
+    assert bad.returncode == 2 and "NAME" in bad.stderr
+    res = subprocess.run(
+        [script, "e2e-direct", "--wait", "--json", "--timeout", "300", *common],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    try:
+        assert res.returncode == 0, res.stderr
+        import json
+
+        out = json.loads(res.stdout)
+        assert out["instance"]["state"] == "running" and out["server"] is None
+        assert domains_named("e2e-direct")
+    finally:
+        gone = subprocess.run(
+            [script, "e2e-direct", "--delete", *common], capture_output=True, text=True, timeout=120
+        )
+        assert gone.returncode == 0, gone.stderr
+    assert domains_named("e2e-direct") == []
