@@ -14,4 +14,16 @@ if TYPE_CHECKING:
 
 
 def build_components(svc: Services) -> list[Component]:
-    return []
+    from broker.agentlink import AgentLinkComponent
+    from broker.instances import FleetComponent
+    from broker.instances.enroller import LinkEnroller
+    from broker.sessions.component import SessionsComponent
+
+    # The hub starts first (it loads unfinished sessions) and stops last; the agent link
+    # hands every agent message to it.
+    sessions = SessionsComponent(svc)
+    agent_link = AgentLinkComponent(svc, handler=sessions.hub)
+    sessions.hub.use_registry(agent_link.registry)
+    # The fleet last: provisioning waits for agents through the agent link.
+    fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
+    return [sessions, agent_link, fleet]

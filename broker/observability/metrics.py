@@ -94,7 +94,25 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.agent_link_events = Counter(
+            "sandbox_agent_link_events_total",
+            "Agent link changes: connected, disconnected, stale, replaced",
+            ["event"],
+            registry=r,
+        )
         # Sessions
+        self.sessions_opened = Counter(
+            "sandbox_sessions_opened_total",
+            "PTY sessions asked of agents, by outcome (ok, failed, adopted)",
+            ["outcome"],
+            registry=r,
+        )
+        self.session_ends = Counter(
+            "sandbox_session_ends_total",
+            "Sessions that ended, by how (exited, killed, lost)",
+            ["how"],
+            registry=r,
+        )
         self.session_output_bytes = Counter(
             "sandbox_session_output_bytes_total",
             "PTY output bytes received from agents",

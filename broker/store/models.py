@@ -302,6 +302,7 @@ class Session(Base, Timestamps):
     state: Mapped[str] = mapped_column(String(16), default="starting", index=True)
     exit_code: Mapped[int | None]
     exit_signal: Mapped[str | None] = mapped_column(String(16))
+    exit_reason: Mapped[str] = mapped_column(Text, default="")  # why it failed or was lost
     task_id: Mapped[str | None] = mapped_column(String(36), index=True)
     output_offset: Mapped[int] = mapped_column(BigInteger, default=0)  # acknowledged bytes
     recording_path: Mapped[str | None] = mapped_column(Text)
@@ -332,7 +333,7 @@ class Run(Base):
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int] = mapped_column(default=1)
     session_id: Mapped[str | None] = mapped_column(String(36))
-    state: Mapped[str] = mapped_column(String(16), default="pending")
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     exit_code: Mapped[int | None]
     reason: Mapped[str] = mapped_column(Text, default="")
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0)

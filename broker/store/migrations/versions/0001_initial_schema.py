@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 15:14:00.931392
+Create Date: 2026-11-29 15:58:50.937296
 """
 
 from collections.abc import Sequence
@@ -305,6 +305,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("exit_signal", sa.String(length=16), nullable=True),
+        sa.Column("exit_reason", sa.Text(), nullable=False),
         sa.Column("task_id", sa.String(length=36), nullable=True),
         sa.Column("output_offset", sa.BigInteger(), nullable=False),
         sa.Column("recording_path", sa.Text(), nullable=True),
@@ -417,6 +418,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_runs")),
     )
     with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_runs_state"), ["state"], unique=False)
         batch_op.create_index(batch_op.f("ix_runs_task_id"), ["task_id"], unique=False)
 
     op.create_table(
@@ -476,6 +478,7 @@ def downgrade() -> None:
     op.drop_table("secret_bindings")
     with op.batch_alter_table("runs", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_runs_task_id"))
+        batch_op.drop_index(batch_op.f("ix_runs_state"))
 
     op.drop_table("runs")
     op.drop_table("push_configs")

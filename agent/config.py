@@ -1,0 +1,170 @@
+"""agent-client configuration: a TOML file (`--config`) and command-line flags (flags win).
+
+server = "10.0.2.2:8120"            # the mutual-TLS agent link (Connect, Renew)
+enroll_server = "10.0.2.2:8121"     # server-auth TLS listener for Enroll (default: port 8121)
+server_name = "agentic-sandbox-server"
+instance_id = "web-1"
+ca_cert = "/etc/agentic-sandbox/ca.crt"
+enrollment_token_file = "/etc/agentic-sandbox/enrollment-token"   # or enrollment_token
+state_dir = "/var/lib/agentic-sandbox-agent"                      # key (0600) + certificate
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+DEFAULT_SERVER = "10.0.2.2:8120"
+DEFAULT_SERVER_NAME = "agentic-sandbox-server"
+DEFAULT_ENROLL_PORT = 8121
+
+
+class ConfigError(Exception):
+    pass
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/agentic-sandbox-agent")
+    return Path.home() / ".local" / "state" / "agentic-sandbox-agent"
+
+
+@dataclass
+class AgentConfig:
+    instance_id: str = ""
+    server: str = DEFAULT_SERVER
+    enroll_server: str = ""
+    server_name: str = DEFAULT_SERVER_NAME
+    ca_cert: Path | None = None
+    enrollment_token: str = field(default="", repr=False)
+    enrollment_token_file: Path | None = None
+    state_dir: Path = field(default_factory=default_state_dir)
+    ring_bytes: int = 4 * 1024 * 1024
+    initial_backoff: float = 0.5
+    max_backoff: float = 30.0
+    max_sessions: int = 64
+    default_user: str = ""
+    log_level: str = "INFO"
+    log_format: str = "json"
+
+    def validate(self) -> AgentConfig:
+        if not INSTANCE_RE.match(self.instance_id):
+            raise ConfigError("instance_id: required, [a-z0-9][a-z0-9-]{0,62}")
+        for key in ("server", "enroll_server"):
+            value = getattr(self, key)
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+        if not 4096 <= self.ring_bytes <= 1024**3:
+            raise ConfigError("ring_bytes: between 4096 and 1 GiB")
+        if not 0.01 <= self.initial_backoff <= self.max_backoff <= 3600:
+            raise ConfigError("initial_backoff <= max_backoff, within 0.01..3600 s")
+        if not 1 <= self.max_sessions <= 10_000:
+            raise ConfigError("max_sessions: between 1 and 10000")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log_level: DEBUG, INFO, WARNING or ERROR")
+        if self.log_format not in ("json", "text"):
+            raise ConfigError("log_format: json or text")
+        return self
+
+    def token(self) -> str:
+        """The enrollment token (read from its file each time: an operator may replace it)."""
+        if self.enrollment_token:
+            return self.enrollment_token.strip()
+        if self.enrollment_token_file is not None:
+            try:
+                return self.enrollment_token_file.read_text().strip()
+            except OSError:
+                return ""
+        return ""
+
+    # state files
+    @property
+    def key_path(self) -> Path:
+        return self.state_dir / "agent.key"
+
+    @property
+    def cert_path(self) -> Path:
+        return self.state_dir / "agent.crt"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.state_dir / "ca.crt"
+
+    @property
+    def cert_meta_path(self) -> Path:
+        return self.state_dir / "cert.json"
+
+
+_PATHS = {"ca_cert", "enrollment_token_file", "state_dir"}
+_FLOATS = {"initial_backoff", "max_backoff"}
+_INTS = {"ring_bytes", "max_sessions"}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key in _PATHS:
+        return Path(str(value)) if value not in (None, "") else None
+    if key in _FLOATS:
+        return float(value)
+    if key in _INTS:
+        return int(value)
+    return str(value)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agent-client",
+        description="agentic-sandbox agent: one gRPC (mutual TLS) link to the management "
+        "server, PTY sessions and task runs for this instance.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file (flags override it)")
+    p.add_argument("--instance-id", help="this instance's id")
+    p.add_argument("--server", help=f"agent link HOST:PORT (default {DEFAULT_SERVER})")
+    p.add_argument("--enroll-server", help="enrollment HOST:PORT (default: server host, 8121)")
+    p.add_argument("--server-name", help=f"TLS name to verify (default {DEFAULT_SERVER_NAME})")
+    p.add_argument("--ca-cert", help="CA certificate (PEM) that signed the server")
+    p.add_argument("--enrollment-token", help="one-time enrollment token (prefer the file)")
+    p.add_argument("--enrollment-token-file", help="file holding the enrollment token")
+    p.add_argument("--state-dir", help="where the key (0600) and certificate live")
+    p.add_argument("--ring-bytes", type=int, help="per-session output ring (default 4 MiB)")
+    p.add_argument("--initial-backoff", type=float, help="first reconnect delay (default 0.5 s)")
+    p.add_argument("--max-backoff", type=float, help="longest reconnect delay (default 30 s)")
+    p.add_argument("--max-sessions", type=int, help="sessions at once (default 64)")
+    p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--log-format", choices=("json", "text"))
+    return p
+
+
+def load(args: argparse.Namespace) -> AgentConfig:
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            data = tomllib.loads(args.config.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read {args.config}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{args.config} is not valid TOML: {exc}") from None
+        known = {f.name for f in fields(AgentConfig)}
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(f"unknown setting {key!r} in {args.config}")
+            values[key] = value
+    for f in fields(AgentConfig):
+        flag = getattr(args, f.name, None)
+        if flag is not None:
+            values[f.name] = flag
+    try:
+        cfg = AgentConfig(**{k: _coerce(k, v) for k, v in values.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    if not cfg.enroll_server:
+        host = cfg.server.rpartition(":")[0]
+        cfg.enroll_server = f"{host}:{DEFAULT_ENROLL_PORT}"
+    return cfg.validate()

@@ -1,0 +1,169 @@
+"""Session recordings in asciicast v2 (the asciinema format), one file per session.
+
+`<data_dir>/recordings/<session_id>.cast`: a JSON header line, then `[time, code, data]` events:
+`o` output, `i` input (optional, off by default), `r` resize (`COLSxROWS`), `m` markers (a gap
+or truncation). Output is decoded incrementally as UTF-8 (a character split across chunks is not
+mangled). Writes are buffered and flushed by the hub a few times a second.
+
+Crash safety: after each flush a sidecar file `<id>.cast.ckpt` records (file size, output
+offset fully written). After a server crash the recording is cut back to the last checkpoint and
+continues from that output offset, so bytes the agent resends are recorded exactly once.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_CKPT = struct.Struct(">QQ")
+BUFFER_BYTES = 256 * 1024
+
+
+class Recording:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        started_wall: float,
+        max_bytes: int,
+        record_input: bool,
+        offset: int = 0,
+    ) -> None:
+        self.path = path
+        self.started_wall = started_wall
+        self.max_bytes = max_bytes
+        self.record_input = record_input
+        self.offset = offset  # next output offset to record
+        self.truncated = False
+        self.closed = False
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (long-lived)
+        self._ckpt_fd = os.open(str(path) + ".ckpt", os.O_WRONLY | os.O_CREAT, 0o600)
+        self._dirty = False
+
+    # ---- creation ------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: Path,
+        *,
+        cols: int,
+        rows: int,
+        title: str,
+        command: list[str] | None,
+        started_wall: float,
+        max_bytes: int,
+        record_input: bool,
+    ) -> Recording:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header: dict[str, Any] = {
+            "version": 2,
+            "width": cols,
+            "height": rows,
+            "timestamp": int(started_wall),
+            "env": {"TERM": "xterm-256color", "SHELL": (command or ["/bin/sh"])[0]},
+        }
+        if title:
+            header["title"] = title
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(header).encode() + b"\n")
+        rec = cls(path, started_wall=started_wall, max_bytes=max_bytes, record_input=record_input)
+        rec.checkpoint()
+        return rec
+
+    @classmethod
+    def resume(
+        cls, path: Path, *, started_wall: float, max_bytes: int, record_input: bool
+    ) -> Recording | None:
+        """Reopen after a restart, cut back to the last checkpoint; None when unusable."""
+        try:
+            with open(str(path) + ".ckpt", "rb") as f:
+                size, offset = _CKPT.unpack(f.read(_CKPT.size))
+        except (OSError, struct.error):
+            return None
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(size)
+        except OSError:
+            return None
+        return cls(
+            path,
+            started_wall=started_wall,
+            max_bytes=max_bytes,
+            record_input=record_input,
+            offset=offset,
+        )
+
+    # ---- events -------------------------------------------------------------------------------
+    def _event(self, code: str, data: str) -> None:
+        if self.closed or self.truncated:
+            return
+        t = round(max(0.0, time.time() - self.started_wall), 6)
+        line = json.dumps([t, code, data], ensure_ascii=False).encode() + b"\n"
+        if self.max_bytes and self._file.tell() + len(line) > self.max_bytes:
+            self.truncated = True
+            marker = json.dumps([t, "m", "recording truncated: size limit reached"]).encode()
+            self._file.write(marker + b"\n")
+            log.warning("recording %s reached its size limit", self.path.name)
+            return
+        self._file.write(line)
+        self._dirty = True
+
+    def output(self, offset: int, data: bytes) -> None:
+        if self.closed:
+            return
+        end = offset + len(data)
+        if end <= self.offset:
+            return  # already recorded (resent after a reconnect)
+        if offset < self.offset:
+            data = data[self.offset - offset :]
+            offset = self.offset
+        elif offset > self.offset:
+            self._decoder.reset()
+            self._event("m", f"gap: output {self.offset}..{offset} was not received")
+        self.offset = end
+        if self.truncated:
+            return
+        text = self._decoder.decode(data)
+        if text:
+            self._event("o", text)
+
+    def input(self, data: bytes) -> None:
+        if self.record_input:
+            self._event("i", data.decode("utf-8", "replace"))
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._event("r", f"{cols}x{rows}")
+
+    # ---- durability ---------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        pending = len(self._decoder.getstate()[0])
+        os.pwrite(self._ckpt_fd, _CKPT.pack(self._file.tell(), self.offset - pending), 0)
+
+    def flush(self) -> None:
+        if self.closed or not self._dirty:
+            return
+        self._dirty = False
+        self._file.flush()
+        self.checkpoint()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            self._event("o", tail)
+        self._dirty = True
+        self.flush()
+        self.closed = True
+        self._file.close()
+        os.close(self._ckpt_fd)

@@ -1,0 +1,1 @@
+"""Shared test support: real server and agent-client processes, a session WebSocket client."""

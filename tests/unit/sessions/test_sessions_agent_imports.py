@@ -1,0 +1,44 @@
+"""agent-client installs into a guest without the server's dependencies: importing it with
+those packages unavailable works (import-linter checks the static imports; this checks the
+real ones, including imports made by its dependencies)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BLOCKER = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {BLOCKED}:
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import agent.main, agent.runtime, agent.session, agent.pki, agent.config, agent.sysinfo
+print('ok')
+"""
+
+
+def test_agent_imports_without_server_packages() -> None:
+    blocked = {
+        "aiohttp",
+        "pydantic",
+        "sqlalchemy",
+        "cryptography",
+        "pyte",
+        "broker",
+        "yaml",
+        "fleet",
+        "images",
+        "provision",
+        "sandboxctl",
+        "uvloop",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCKER.replace("{BLOCKED}", repr(blocked))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,78 @@
+"""Enrollment crypto: the agent's stdlib-only key and CSR, the server CA and its checks."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from agent import pki
+from broker.agentlink.ca import (
+    SERVER_NAME,
+    CertificateAuthority,
+    CertificateError,
+    instance_from_certificate,
+)
+
+
+def test_agent_key_and_csr_are_standard(tmp_path: Path) -> None:
+    key = pki.KeyPair.generate()
+    assert pki.on_curve(*key.public)
+    csr = x509.load_pem_x509_csr(pki.csr_pem(key, "web-1"))
+    assert csr.is_signature_valid
+    loaded = serialization.load_pem_private_key(key.private_pem(), password=None)
+    assert isinstance(loaded, ec.EllipticCurvePrivateKey)
+    assert loaded.public_key().public_numbers().x == key.public[0]
+    pub = csr.public_key()
+    assert isinstance(pub, ec.EllipticCurvePublicKey) and pub.curve.name == "secp256r1"
+    path = tmp_path / "k" / "agent.key"
+    pki.write_private(path, key.private_pem())
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_ca_issues_instance_certificates_from_any_csr_subject(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    assert (tmp_path / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
+    key = pki.KeyPair.generate()
+    issued = ca.issue_agent(pki.csr_pem(key, "i-am-someone-else"), "web-1", dt.timedelta(hours=1))
+    cert = x509.load_pem_x509_certificate(issued.pem)
+    assert instance_from_certificate(cert) == "web-1"
+    cert.verify_directly_issued_by(ca.certificate)
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    ca.verify_issued(cert)
+    # The same directory later: the same CA.
+    again = CertificateAuthority(tmp_path / "ca")
+    assert again.certificate_pem == ca.certificate_pem
+    _key_pem, chain = ca.server_credentials(("10.0.2.2", "ctl.example"))
+    server_cert = x509.load_pem_x509_certificate(chain)
+    names = server_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert SERVER_NAME in names.get_values_for_type(x509.DNSName)
+    assert "ctl.example" in names.get_values_for_type(x509.DNSName)
+
+
+def test_ca_refuses_bad_requests(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    with pytest.raises(CertificateError):
+        ca.issue_agent(b"not a csr", "web-1", dt.timedelta(hours=1))
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")]))
+        .sign(weak, hashes.SHA256())
+    )
+    with pytest.raises(CertificateError, match="2048"):
+        ca.issue_agent(csr.public_bytes(serialization.Encoding.PEM), "web-1", dt.timedelta(1))
+    with pytest.raises(CertificateError, match="instance id"):
+        ca.issue_agent(pki.csr_pem(pki.KeyPair.generate(), "x"), "Bad_Id", dt.timedelta(1))
+    other = CertificateAuthority(tmp_path / "other")
+    foreign = other.issue_agent(
+        pki.csr_pem(pki.KeyPair.generate(), "x"), "web-1", dt.timedelta(hours=1)
+    )
+    with pytest.raises(CertificateError):
+        ca.verify_issued(x509.load_pem_x509_certificate(foreign.pem))

@@ -1,0 +1,86 @@
+"""asciicast v2 recordings: format, UTF-8 across chunks, resend dedupe, crash checkpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from broker.sessions.recording import Recording
+
+
+def _events(path: Path) -> tuple[dict[str, object], list[list[object]]]:
+    lines = path.read_text().splitlines()
+    return json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+
+
+def _make(path: Path, **kw: object) -> Recording:
+    return Recording.create(
+        path,
+        cols=100,
+        rows=30,
+        title="demo",
+        command=["/bin/bash"],
+        started_wall=time.time(),
+        max_bytes=int(kw.get("max_bytes", 1 << 20)),  # type: ignore[call-overload]
+        record_input=bool(kw.get("record_input", False)),
+    )
+
+
+def test_header_events_and_utf8_split_across_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "s.cast"
+    rec = _make(path, record_input=True)
+    snow = "☃".encode()
+    rec.output(0, b"hello " + snow[:1])
+    rec.output(7, snow[1:] + b"!\r\n")
+    rec.resize(120, 40)
+    rec.input(b"ls\r")
+    rec.output(5, b" \xe2\x98\x83!\r\nnew")  # partly a resend after a reconnect
+    rec.close()
+    header, events = _events(path)
+    assert header["version"] == 2 and header["width"] == 100 and header["height"] == 30
+    assert header["title"] == "demo"
+    out = "".join(str(e[2]) for e in events if e[1] == "o")
+    assert out == "hello ☃!\r\nnew"
+    assert ["r", "120x40"] in [e[1:] for e in events]
+    assert ["i", "ls\r"] in [e[1:] for e in events]
+    assert all(isinstance(e[0], float | int) for e in events)
+
+
+def test_a_gap_is_marked(tmp_path: Path) -> None:
+    path = tmp_path / "g.cast"
+    rec = _make(path)
+    rec.output(0, b"abc")
+    rec.output(10, b"xyz")
+    rec.close()
+    _, events = _events(path)
+    assert any(e[1] == "m" and "gap" in str(e[2]) for e in events)
+
+
+def test_resume_cuts_back_to_the_last_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "c.cast"
+    rec = _make(path)
+    rec.output(0, b"first part|")
+    rec.flush()  # checkpoint: 11 bytes recorded
+    rec.output(11, b"second part, never flushed before the crash")
+    rec._file.flush()  # the OS has it, the checkpoint does not (a crash right here)
+    resumed = Recording.resume(
+        path, started_wall=time.time(), max_bytes=1 << 20, record_input=False
+    )
+    assert resumed is not None and resumed.offset == 11
+    resumed.output(0, b"first part|second part, resent")
+    resumed.close()
+    _, events = _events(path)
+    out = "".join(str(e[2]) for e in events if e[1] == "o")
+    assert out == "first part|second part, resent"
+
+
+def test_size_limit_truncates_with_a_marker(tmp_path: Path) -> None:
+    path = tmp_path / "t.cast"
+    rec = _make(path, max_bytes=600)
+    for i in range(50):
+        rec.output(i * 20, b"0123456789abcdefghij")
+    rec.close()
+    _, events = _events(path)
+    assert events[-1][1] == "m" and "truncated" in str(events[-1][2])
+    assert path.stat().st_size < 800
