@@ -52,6 +52,10 @@ class AgentConfig:
     default_user: str = ""
     log_level: str = "INFO"
     log_format: str = "json"
+    # In a guest: take the identity from the cloud-init seed and follow it when it changes
+    # (a clone restored from another guest's memory). Off for host-side agents.
+    seed_identity: bool = False
+    config_path: Path | None = field(default=None, repr=False)  # where this config came from
 
     def validate(self) -> AgentConfig:
         if not INSTANCE_RE.match(self.instance_id):
@@ -84,6 +88,23 @@ class AgentConfig:
                 return ""
         return ""
 
+    def to_toml(self) -> str:
+        """This configuration as TOML (for rewriting the file after an identity change)."""
+        import json
+
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("config_path", "enrollment_token") or value is None or value == "":
+                continue
+            if isinstance(value, bool):
+                lines.append(f"{f.name} = {'true' if value else 'false'}")
+            elif isinstance(value, int | float):
+                lines.append(f"{f.name} = {value}")
+            else:
+                lines.append(f"{f.name} = {json.dumps(str(value))}")
+        return "\n".join(lines) + "\n"
+
     # state files
     @property
     def key_path(self) -> Path:
@@ -102,7 +123,8 @@ class AgentConfig:
         return self.state_dir / "cert.json"
 
 
-_PATHS = {"ca_cert", "enrollment_token_file", "state_dir"}
+_PATHS = {"ca_cert", "enrollment_token_file", "state_dir", "config_path"}
+_BOOLS = {"seed_identity"}
 _FLOATS = {"initial_backoff", "max_backoff"}
 _INTS = {"ring_bytes", "max_sessions"}
 
@@ -114,6 +136,10 @@ def _coerce(key: str, value: Any) -> Any:
         return float(value)
     if key in _INTS:
         return int(value)
+    if key in _BOOLS:
+        if isinstance(value, bool):
+            return value
+        return str(value).lower() in ("1", "true", "yes", "on")
     return str(value)
 
 
@@ -139,6 +165,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("--log-format", choices=("json", "text"))
+    p.add_argument(
+        "--seed-identity",
+        action="store_const",
+        const=True,
+        help="follow the identity on the cloud-init seed (in guests)",
+    )
     return p
 
 
@@ -151,7 +183,7 @@ def load(args: argparse.Namespace) -> AgentConfig:
             raise ConfigError(f"cannot read {args.config}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{args.config} is not valid TOML: {exc}") from None
-        known = {f.name for f in fields(AgentConfig)}
+        known = {f.name for f in fields(AgentConfig)} - {"config_path"}
         for key, value in data.items():
             if key not in known:
                 raise ConfigError(f"unknown setting {key!r} in {args.config}")
@@ -160,6 +192,8 @@ def load(args: argparse.Namespace) -> AgentConfig:
         flag = getattr(args, f.name, None)
         if flag is not None:
             values[f.name] = flag
+    if args.config is not None:
+        values["config_path"] = args.config
     try:
         cfg = AgentConfig(**{k: _coerce(k, v) for k, v in values.items()})
     except (TypeError, ValueError) as exc:

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from agent import pki
+from agent import identity, pki
 from agent.config import AgentConfig
 from agent.session import PtySession, SpawnError
 from agent.sysinfo import SysInfo
@@ -89,6 +89,10 @@ class Backoff:
         return random.uniform(d / 2, d)
 
 
+class IdentityChanged(Exception):
+    """The guest was given another instance's identity (a new seed): reconnect as it."""
+
+
 class EnrollmentFailed(Exception):
     pass
 
@@ -106,6 +110,11 @@ class AgentRuntime:
         self._wake: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self._batch_timer: asyncio.TimerHandle | None = None
+        self._live_channel: grpc.aio.Channel | None = None  # the mTLS link while connected
+        self._call: Any = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._seed_fp: bytes | None = None
+        self.identity_changed = False
 
     # ================================================================= credentials
     def _read(self, path: os.PathLike[str] | str) -> bytes:
@@ -196,13 +205,17 @@ class AgentRuntime:
     async def renew(self) -> None:
         key = pki.KeyPair.generate()
         csr = pki.csr_pem(key, self.cfg.instance_id)
-        channel = self._channel(self.cfg.server, with_client_cert=True)
+        # Over the live link when there is one: an isolated guest reaches the link port through
+        # a single forwarded connection.
+        live = self._live_channel
+        channel = live or self._channel(self.cfg.server, with_client_cert=True)
         try:
             resp = await pb_grpc.AgentLinkStub(channel).Renew(
                 pb.RenewRequest(csr_pem=csr), timeout=CONNECT_TIMEOUT
             )
         finally:
-            await channel.close()
+            if channel is not live:
+                await channel.close()
         self._store(key, resp.certificate_pem, resp.ca_pem, resp.not_after_unix)
         log.info(
             "certificate renewed; valid until %s",
@@ -330,6 +343,9 @@ class AgentRuntime:
             name = SIGNAL_NAMES.get(msg.signal.signal)
             if sess is not None and name is not None:
                 sess.send_signal(name)
+        elif kind == "heartbeat_ack":
+            if self.cfg.seed_identity:  # a guest: follow the server's clock
+                identity.step_clock(msg.heartbeat_ack.server_time_unix_ms / 1000.0)
         elif kind == "close":
             sess = self.sessions.get(msg.close.session_id)
             if sess is not None:
@@ -463,11 +479,16 @@ class AgentRuntime:
             self.wake()
             await asyncio.sleep(self.heartbeat_interval)
 
+    def silence_limit(self) -> float:
+        """A link that says nothing for this long is dead (the server acks every heartbeat)."""
+        return max(3 * self.heartbeat_interval, 5.0)
+
     async def _connect_once(self) -> None:
         channel = self._channel(self.cfg.server, with_client_cert=True)
         tasks: list[asyncio.Task[None]] = []
         try:
             call = pb_grpc.AgentLinkStub(channel).Connect()
+            self._call = call
             register = pb.Register(
                 instance_id=self.cfg.instance_id,
                 agent_version=agent_version(),
@@ -484,6 +505,7 @@ class AgentRuntime:
             self.outbox.clear()
             self._apply_ack(first.register_ack)
             self.connected = True
+            self._live_channel = channel
             self.backoff.reset()
             log.info(
                 "connected to %s as instance %s (%d sessions)",
@@ -496,7 +518,16 @@ class AgentRuntime:
                 asyncio.create_task(self._heartbeats(), name="agent-heartbeats"),
             ]
             while True:
-                msg = await call.read()
+                try:
+                    msg = await asyncio.wait_for(call.read(), self.silence_limit())
+                except TimeoutError:
+                    raise ConnectionError(
+                        f"the link was silent for {self.silence_limit():.0f}s"
+                    ) from None
+                except asyncio.CancelledError:
+                    if self.identity_changed:
+                        raise IdentityChanged() from None
+                    raise
                 if msg is grpc.aio.EOF:
                     break
                 self._handle(msg)
@@ -505,6 +536,8 @@ class AgentRuntime:
                         t.result()  # surface a failed sender
         finally:
             self.connected = False
+            self._live_channel = None
+            self._call = None
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -512,9 +545,71 @@ class AgentRuntime:
                     await t
             await channel.close()
 
-    async def run(self) -> None:
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
+    # ================================================================= identity (guests)
+    async def adopt_seed_identity(self) -> bool:
+        """Take on the identity written on the cloud-init seed if it is not ours (a clone or a
+        warm-pool hand-off). Returns whether the identity changed."""
+        if not self.cfg.seed_identity:
+            return False
+        self._seed_fp = await asyncio.to_thread(identity.seed_fingerprint)
+        seed = await asyncio.to_thread(identity.read_seed)
+        if seed is None or seed.instance_id == self.cfg.instance_id:
+            return False
+        log.warning(
+            "this guest was restored as instance %s (was %s): taking on its identity",
+            seed.instance_id,
+            self.cfg.instance_id,
+        )
+        for sess in list(self.sessions.values()):  # the other instance's sessions
+            sess.shutdown()
+        self.sessions.clear()
+        self.outbox.clear()
+        for path in (self.cfg.key_path, self.cfg.cert_path, self.cfg.cert_meta_path):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        await asyncio.to_thread(identity.refresh_guest_identity, seed)
+        if time.time() < seed.issued_at:  # the saved guest's clock lags: at least the seed's time
+            identity.step_clock(seed.issued_at, tolerance=0.0)
+        self.cfg.instance_id = seed.instance_id
+        if seed.server:
+            self.cfg.server = seed.server
+        if seed.enroll_server:
+            self.cfg.enroll_server = seed.enroll_server
+        if seed.server_name:
+            self.cfg.server_name = seed.server_name
+        if seed.ca_pem and self.cfg.ca_cert is not None:
+            self.cfg.ca_cert.write_text(seed.ca_pem)
+            with contextlib.suppress(OSError):
+                self.cfg.ca_path.unlink()
+        if self.cfg.enrollment_token_file is not None:
+            pki.write_private(self.cfg.enrollment_token_file, seed.enrollment_token.encode())
+        else:
+            self.cfg.enrollment_token = seed.enrollment_token
+        if self.cfg.config_path is not None:
+            with contextlib.suppress(OSError):
+                self.cfg.config_path.write_text(self.cfg.to_toml())
+        self.run_id = uuid.uuid4().hex[:16]
+        self.identity_changed = False
+        return True
+
+    async def _watch_seed(self) -> None:
+        """Notice within a second that the guest was given a new seed (restored as a clone)."""
+        while True:
+            await asyncio.sleep(1.0)
+            fp = await asyncio.to_thread(identity.seed_fingerprint)
+            if fp is None or fp == self._seed_fp:
+                continue
+            seed = await asyncio.to_thread(identity.read_seed)
+            self._seed_fp = fp
+            if seed is not None and seed.instance_id != self.cfg.instance_id:
+                log.warning("a new seed names instance %s: dropping the link", seed.instance_id)
+                self.identity_changed = True
+                if self._call is not None:
+                    self._call.cancel()
+                elif self._connecting is not None:
+                    self._connecting.cancel()
+
+    async def _enroll_until_done(self) -> None:
         enroll_backoff = Backoff(self.cfg.initial_backoff, self.cfg.max_backoff)
         while not self.enrolled():
             try:
@@ -523,12 +618,34 @@ class AgentRuntime:
                 delay = enroll_backoff.delay()
                 log.error("%s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+                await self.adopt_seed_identity()
+
+    async def run(self) -> None:
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        await self.adopt_seed_identity()
+        await self._enroll_until_done()
         renewal = asyncio.create_task(self._renewal_loop(), name="agent-renewal")
+        watcher = (
+            asyncio.create_task(self._watch_seed(), name="agent-seed-watch")
+            if self.cfg.seed_identity
+            else None
+        )
         try:
             while True:
                 try:
-                    await self._connect_once()
+                    self._connecting = asyncio.ensure_future(self._connect_once())
+                    try:
+                        await self._connecting
+                    finally:
+                        self._connecting = None
                     log.warning("the server closed the link")
+                except (IdentityChanged, asyncio.CancelledError) as exc:
+                    if not self.identity_changed and isinstance(exc, asyncio.CancelledError):
+                        raise
+                    if await self.adopt_seed_identity():
+                        await self._enroll_until_done()
+                    continue
                 except grpc.aio.AioRpcError as exc:
                     level = (
                         logging.ERROR
@@ -542,7 +659,11 @@ class AgentRuntime:
                 delay = self.backoff.delay()
                 log.info("reconnecting in %.2fs", delay)
                 await asyncio.sleep(delay)
+                if await self.adopt_seed_identity():
+                    await self._enroll_until_done()
         finally:
             renewal.cancel()
+            if watcher is not None:
+                watcher.cancel()
             for sess in self.sessions.values():
                 sess.shutdown()

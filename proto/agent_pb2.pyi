@@ -480,6 +480,7 @@ class ServerMessage(_message.Message):
     SIGNAL_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register_ack(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -494,6 +495,8 @@ class ServerMessage(_message.Message):
     def close(self) -> Global___CloseSession: ...
     @_builtins.property
     def ack(self) -> Global___OutputAck: ...
+    @_builtins.property
+    def heartbeat_ack(self) -> Global___HeartbeatAck: ...
     def __init__(
         self,
         *,
@@ -504,16 +507,40 @@ class ServerMessage(_message.Message):
         signal: Global___SignalSession | None = ...,
         close: Global___CloseSession | None = ...,
         ack: Global___OutputAck | None = ...,
+        heartbeat_ack: Global___HeartbeatAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack", "heartbeat_ack"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class HeartbeatAck(_message.Message):
+    """The server answers every heartbeat: the agent treats a silent link as dead (a restored clone
+    notices at once that its old connection leads nowhere) and steps its clock to the server's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
+    server_time_unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        server_time_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_time_unix_ms", b"server_time_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
 
 @_typing.final
 class RegisterAck(_message.Message):

@@ -91,6 +91,7 @@ class AgentBootstrap:
             "ca_cert": f"{AGENT_ETC}/ca.pem",
             "enrollment_token_file": f"{AGENT_ETC}/enrollment-token",
             "state_dir": "/var/lib/agentic-sandbox-agent",
+            "seed_identity": True,
             **self.extra_config,
         }
 

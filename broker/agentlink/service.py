@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -365,6 +366,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
                 conn.metrics_dirty = True
                 conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
+                conn.send(
+                    pb.ServerMessage(
+                        heartbeat_ack=pb.HeartbeatAck(server_time_unix_ms=int(time.time() * 1000))
+                    )
+                )
             elif kind == "opened":
                 m_in["opened"].inc()
                 handler.on_opened(conn, msg.opened)

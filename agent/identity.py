@@ -1,0 +1,165 @@
+"""Who this guest is, read from its cloud-init seed; and taking on a new identity when it changes.
+
+A guest restored from a saved memory state (a clone, or a warm-pool hand-off) wakes up as the
+guest it was saved from: same machine-id, SSH host keys, hostname, agent certificate, and a clock
+that lags. Provisioning gives the clone a new seed (`agentic-sandbox.json` on the `cidata` disk)
+naming its instance id and a fresh enrollment token. The agent reads the seed when it starts
+and before every reconnect; when the instance id differs from its own it refreshes the guest's
+identity (machine-id, SSH host keys, hostname), forgets the old instance's sessions and
+certificate, and enrolls as the new instance. It never connects under the old identity.
+
+Only the standard library: this runs inside the guest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SEED_LABEL = "cidata"
+IDENTITY_FILE = "agentic-sandbox.json"
+CANDIDATES = ("/dev/disk/by-label/cidata", "/dev/sr0", "/dev/sr1", "/dev/vdb")
+
+
+@dataclass(frozen=True)
+class SeedIdentity:
+    instance_id: str
+    hostname: str
+    server: str
+    enroll_server: str
+    server_name: str
+    ca_pem: str
+    enrollment_token: str
+    issued_at: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SeedIdentity:
+        return cls(
+            instance_id=str(data["instance_id"]),
+            hostname=str(data.get("hostname") or data["instance_id"]),
+            server=str(data.get("server", "")),
+            enroll_server=str(data.get("enroll_server", "")),
+            server_name=str(data.get("server_name", "")),
+            ca_pem=str(data.get("ca_pem", "")),
+            enrollment_token=str(data.get("enrollment_token", "")),
+            issued_at=float(data.get("issued_at", 0)),
+        )
+
+
+def _run(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _seed_devices() -> list[str]:
+    found: list[str] = []
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        res = _run("blkid", "-L", SEED_LABEL, timeout=10)
+        if res.returncode == 0 and res.stdout.strip():
+            found.append(res.stdout.strip())
+    for dev in CANDIDATES:
+        if os.path.exists(dev) and dev not in found:
+            found.append(dev)
+    return found
+
+
+def seed_fingerprint() -> bytes | None:
+    """A cheap fingerprint of the seed disk's first blocks, read past the page cache (O_DIRECT),
+    to notice within a second that a restored guest was given a new seed."""
+    import hashlib
+    import mmap
+
+    for dev in CANDIDATES:
+        if not os.path.exists(dev):
+            continue
+        try:
+            fd = os.open(os.path.realpath(dev), os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        except OSError:
+            continue
+        try:
+            buf = mmap.mmap(-1, 64 * 1024)  # page-aligned, as O_DIRECT wants
+            try:
+                n = os.readv(fd, [buf])
+                return hashlib.sha256(buf[:n]).digest()
+            finally:
+                buf.close()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None
+
+
+def read_seed() -> SeedIdentity | None:
+    """The identity on the seed disk, read fresh (kernel buffers dropped first: a restored
+    guest's page cache may still hold the previous seed's blocks)."""
+    if os.geteuid() != 0:
+        return None
+    for dev in _seed_devices():
+        real = os.path.realpath(dev)
+        _run("blockdev", "--flushbufs", real, timeout=10)
+        with tempfile.TemporaryDirectory(prefix="sbx-seed-") as mnt:
+            res = _run("mount", "-o", "ro", real, mnt, timeout=20)
+            if res.returncode != 0:
+                continue
+            try:
+                path = Path(mnt) / IDENTITY_FILE
+                if not path.exists():
+                    continue
+                return SeedIdentity.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("unreadable %s on %s: %s", IDENTITY_FILE, real, exc)
+            finally:
+                _run("umount", mnt, timeout=20)
+    return None
+
+
+def refresh_guest_identity(seed: SeedIdentity) -> None:
+    """Give this guest its own machine-id, SSH host keys and hostname (root only)."""
+    machine_id = secrets.token_hex(16)
+    Path("/etc/machine-id").write_text(machine_id + "\n")
+    dbus_id = Path("/var/lib/dbus/machine-id")
+    if dbus_id.exists() and not dbus_id.is_symlink():
+        dbus_id.write_text(machine_id + "\n")
+    Path("/etc/hostname").write_text(seed.hostname + "\n")
+    with contextlib.suppress(OSError):
+        socket.sethostname(seed.hostname)
+    hosts = Path("/etc/hosts")
+    with contextlib.suppress(OSError):
+        lines = [ln for ln in hosts.read_text().splitlines() if not ln.startswith("127.0.1.1")]
+        lines.append(f"127.0.1.1 {seed.hostname}")
+        hosts.write_text("\n".join(lines) + "\n")
+    ssh = Path("/etc/ssh")
+    if ssh.is_dir():
+        for key in ssh.glob("ssh_host_*"):
+            key.unlink(missing_ok=True)
+        for kind in ("ed25519", "ecdsa"):
+            _run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(ssh / f"ssh_host_{kind}_key"))
+        _run("systemctl", "try-restart", "ssh.service", timeout=30)
+    log.info("guest identity refreshed for %s (machine-id, SSH host keys, hostname)", seed.hostname)
+
+
+def step_clock(server_time: float, tolerance: float = 2.0) -> bool:
+    """Set the clock to the server's when it is off by more than `tolerance` seconds (a restored
+    guest's clock lags by the time it spent saved). Root only; returns whether it stepped."""
+    import time
+
+    if os.geteuid() != 0 or abs(time.time() - server_time) <= tolerance:
+        return False
+    try:
+        time.clock_settime(time.CLOCK_REALTIME, server_time)
+    except OSError as exc:
+        log.warning("cannot set the clock: %s", exc)
+        return False
+    log.info("clock stepped to the server's time")
+    return True
