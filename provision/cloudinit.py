@@ -92,6 +92,7 @@ class AgentBootstrap:
             "enrollment_token_file": f"{AGENT_ETC}/enrollment-token",
             "state_dir": "/var/lib/agentic-sandbox-agent",
             "seed_identity": True,
+            "log_format": "text",
             **self.extra_config,
         }
 
@@ -127,6 +128,9 @@ Environment=PYTHONDONTWRITEBYTECODE=1
 ExecStart={python} -m agent --config {AGENT_CONFIG}
 Restart=on-failure
 RestartSec=2
+# Its log also goes to the serial console, where the server reads it when enrolment stalls.
+StandardOutput=journal+console
+StandardError=journal+console
 
 [Install]
 WantedBy=multi-user.target
@@ -202,7 +206,8 @@ def render_user_data(
         "shell": "/bin/bash",
         "lock_passwd": True,
         "ssh_authorized_keys": list(ssh_keys),
-        "groups": ["sudo"] if loadout.sudo else [],
+        # systemd-journal: the server's diagnosis over SSH reads the agent's journal as `agent`
+        "groups": ["systemd-journal", "sudo"] if loadout.sudo else ["systemd-journal"],
     }
     if loadout.sudo:
         user["sudo"] = "ALL=(ALL) NOPASSWD:ALL"

@@ -8,6 +8,7 @@ builds run as operations too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,8 @@ from provision import (
     ProvisionRequest,
     load_catalog,
 )
+from provision.ssh import diagnose as ssh_diagnose
+from provision.ssh import ensure_key
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +73,16 @@ class FleetComponent:
             on_event=self._on_event,
             on_call=self._on_call,
         )
+        self.ssh_key_path = s.data_dir / "ssh" / "id_ed25519"
+        self.ssh_public_key = ""
         self.provisioner = Provisioner(
-            self.fleet, s.data_dir / "provision", agent_port=s.grpc_address[1]
+            self.fleet,
+            s.data_dir / "provision",
+            agent_port=s.grpc_address[1],
+            diagnose=self._diagnose,
         )
         self.opened = False
+        self.access_problem = ""
         self._provision_slots = asyncio.Semaphore(s.max_concurrent_provisions)
         self._tasks: set[asyncio.Task[Any]] = set()
         svc.metrics.provide(
@@ -92,7 +101,14 @@ class FleetComponent:
         app[FLEET_KEY] = self
         routes.api.install(app)
 
+    async def _diagnose(self, inst: Any) -> str:
+        port = inst.record.ssh_port
+        if not port or not self.ssh_key_path.exists():
+            return "no SSH forward to diagnose through"
+        return await ssh_diagnose(port, self.ssh_key_path)
+
     async def start(self) -> None:
+        self.ssh_public_key = await asyncio.to_thread(ensure_key, self.ssh_key_path)
         await self.ops.start()
         self._spawn(self._mirror_loop())
         if self._enroller_factory is not None:
@@ -105,6 +121,9 @@ class FleetComponent:
             self.svc.readiness["libvirt"] = disabled
             return
         self.svc.readiness["libvirt"] = self._ready
+        self.access_problem = self._qemu_access_problem()
+        if self.access_problem:
+            log.error("%s", self.access_problem)
         hosts = await self._host_specs()
         known = await self._known_records()
         await self.fleet.open(hosts, known=known)
@@ -127,7 +146,25 @@ class FleetComponent:
         if self.opened:
             await self.fleet.close()
 
+    def _qemu_access_problem(self) -> str:
+        """QEMU runs as libvirt-qemu: every parent of the fleet's data must be traversable."""
+        path = self.svc.settings.data_dir / "fleet"
+        for parent in [path, *path.parents]:
+            try:
+                mode = parent.stat().st_mode
+            except FileNotFoundError:
+                continue
+            if not mode & 0o001:
+                return (
+                    f"{parent} is not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
+                    "as libvirt-qemu and cannot open instance disks below it — chmod o+x it or "
+                    "choose another SANDBOX_DATA_DIR"
+                )
+        return ""
+
     async def _ready(self) -> tuple[bool, str]:
+        if self.access_problem:
+            return False, self.access_problem
         hosts = await self.fleet.list_hosts()
         local = next((h for h in hosts if h.spec.name == LOCAL_HOST), None)
         if local is None:
@@ -299,6 +336,10 @@ class FleetComponent:
     async def submit_provision(
         self, req: ProvisionRequest, *, actor: str, source_label: str
     ) -> m.Operation:
+        if self.ssh_public_key and self.ssh_public_key not in req.ssh_keys:
+            # the server's own key, for diagnosis over the instance's loopback SSH forward
+            req = dataclasses.replace(req, ssh_keys=(*req.ssh_keys, self.ssh_public_key))
+
         async def body(progress: Progress) -> dict[str, Any]:
             async with self._provision_slots:
                 return await self._provision(req, progress, actor, source_label)

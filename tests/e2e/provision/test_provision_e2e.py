@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +47,11 @@ def require_real_libvirt() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server() -> Iterator[ServerProcess]:
     require_real_libvirt()
-    data = tmp_path_factory.mktemp("e2e-server", numbered=True)
+    # QEMU runs as libvirt-qemu: the data directory's parents must be traversable (not /tmp's
+    # 0700 pytest folders).
+    data = Path(tempfile.mkdtemp(prefix="sbx-e2e-", dir="/var/tmp"))
     data.chmod(0o755)
     srv = ServerProcess(
         data / "data",
@@ -67,6 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         for iid in (COLD, CLONE, "e2e-slow", "e2e-huge"):
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
         srv.stop()
+        shutil.rmtree(data, ignore_errors=True)
         leftovers = domains_named("e2e-")
         assert leftovers == [], f"domains left behind: {leftovers}"
 
@@ -120,14 +125,14 @@ def test_image_builds_or_is_reused(server: ServerProcess) -> None:
     status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
     assert status == 202, op
     op = wait_op(server, op, timeout=900)
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     images = server.ok("GET", "/api/v2/admin/images")["items"]
     assert any(i["name"] == op["result"]["image"] for i in images)
 
 
 def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: ServerProcess) -> None:
     op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"})
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     stages = [s["name"] for s in op["stages"]]
     assert stages[-2:] == ["enrolling", "ready"], stages
     inst = server.ok("GET", f"/api/v2/admin/instances/{COLD}")
@@ -165,7 +170,7 @@ def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> No
     )
     assert status == 202, op
     op = wait_op(server, op, timeout=180)
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     print(f"clone from memory snapshot ready in {time.monotonic() - started:.1f}s: {op['stages']}")
     for iid in (COLD, CLONE):
         inst = server.ok("GET", f"/api/v2/admin/instances/{iid}")
@@ -227,12 +232,10 @@ def test_libvirt_refusal_and_bad_input_leave_nothing(server: ServerProcess) -> N
     assert domains_named("e2e-huge") == [] and domains_named("e2e-bad") == []
 
 
-def test_provision_vm_sh_without_a_server(tmp_path: Path) -> None:
+def test_provision_vm_sh_without_a_server() -> None:
     require_real_libvirt()
-    data = tmp_path / "direct"
-    data.mkdir()
+    data = Path(tempfile.mkdtemp(prefix="sbx-e2e-direct-", dir="/var/tmp"))
     data.chmod(0o755)
-    tmp_path.chmod(0o755)
     script = str(ROOT / "provision" / "provision-vm.sh")
     common = ["--no-server", "--data-dir", str(data), "--images-dir", str(CACHE)]
     bad = subprocess.run([script, "Not_Valid", *common], capture_output=True, text=True)
