@@ -14,16 +14,19 @@ if TYPE_CHECKING:
 
 
 def build_components(svc: Services) -> list[Component]:
+    from broker.a2a import A2AComponent
     from broker.agentlink import AgentLinkComponent
     from broker.instances import FleetComponent
     from broker.instances.enroller import LinkEnroller
     from broker.sessions.component import SessionsComponent
+    from broker.tasks import TasksComponent
 
     # The hub starts first (it loads unfinished sessions) and stops last; the agent link
     # hands every agent message to it.
     sessions = SessionsComponent(svc)
     agent_link = AgentLinkComponent(svc, handler=sessions.hub)
     sessions.hub.use_registry(agent_link.registry)
+    tasks = TasksComponent(svc)  # tasks and A2A: after the hub, so recovery can follow runs
     # The fleet last: provisioning waits for agents through the agent link.
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
-    return [sessions, agent_link, fleet]
+    return [sessions, agent_link, tasks, A2AComponent(svc, tasks.service), fleet]

@@ -52,7 +52,9 @@ class TaskState(StrEnum):
         return cls(value)
 
 
-TERMINAL = frozenset({TaskState.completed, TaskState.failed, TaskState.canceled, TaskState.rejected})
+TERMINAL = frozenset(
+    {TaskState.completed, TaskState.failed, TaskState.canceled, TaskState.rejected}
+)
 INTERRUPTED = frozenset({TaskState.input_required, TaskState.auth_required})
 ACTIVE = frozenset({TaskState.working, TaskState.input_required, TaskState.auth_required})
 
