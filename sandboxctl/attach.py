@@ -164,7 +164,15 @@ async def _pump(
                 elif kind == "role":
                     sys.stderr.write(f"\r\n[you are now {ctl.get('role')}]\r\n")
                 elif kind == "hello" and result.get("next_offset") is None:
-                    result["next_offset"] = ctl.get("offset")
+                    start = ctl.get("from")  # where this attach's stream begins (None: a snapshot)
+                    if isinstance(start, int):
+                        result["next_offset"] = start
+                elif kind == "resync" and isinstance(ctl.get("offset"), int):
+                    result["next_offset"] = ctl["offset"]
+                    screen = ctl.get("screen")
+                    if isinstance(screen, str):  # redraw from the server's screen snapshot
+                        out.write(b"\x1b[2J\x1b[H" + screen.encode())
+                        out.flush()
             elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                 break
     finally:

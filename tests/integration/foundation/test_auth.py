@@ -163,3 +163,18 @@ async def test_rate_limit_gives_429_with_retry_after(tmp_path: object) -> None:
         status, body, resp = await r.call("GET", "/api/v2/admin/whoami")
         assert status == 429 and int(resp.headers["Retry-After"]) >= 1
         assert body["code"] == "rate-limited"
+
+
+async def test_a2a_api_keys_do_not_open_the_admin_api(running: Running) -> None:
+    from broker.store import models as m
+
+    async with running.svc.db.session() as s:
+        s.add(m.Instance(id="inst-1", owner="admin", state="running"))
+    status, key, _ = await running.call(
+        "POST", "/api/v2/admin/api-keys", json={"instance_id": "inst-1", "scopes": ["a2a:read"]}
+    )
+    assert status == 201 and key["key"].startswith("sbk_")
+    for path in ("/api/v2/admin/whoami", "/api/v2/admin/tokens", "/api/v1/events"):
+        status, body, _ = await running.call("GET", path, token=key["key"])
+        assert status == 403, (path, body)
+        assert body["code"] == "forbidden-credential"
