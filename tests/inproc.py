@@ -64,6 +64,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "data_dir": tmp_path / "data",
         "http_listen": f"127.0.0.1:{free_port()}",
         "grpc_listen": f"127.0.0.1:{free_port()}",
+        "grpc_enroll_listen": f"127.0.0.1:{free_port()}",
         "libvirt_uri": "",
         "log_format": "json",
         "max_body_bytes": 64 * 1024,

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
 from openapi_spec_validator import validate
 
+from broker.components import build_components
 from broker.http.openapi import openapi_path
-from tests.inproc import Running
+from tests.fleet_support.testdriver import node_uri
+from tests.inproc import Running, make_settings, start_server
+
+
+@pytest.fixture
+async def full(tmp_path: Path) -> AsyncIterator[Running]:
+    """The whole server: every component's routes (fleet on libvirt's test driver)."""
+    settings = make_settings(tmp_path, libvirt_uri=node_uri(tmp_path, "local"), kvm_probe=False)
+    async with start_server(settings, components=build_components) as r:
+        yield r
+
 
 API_PREFIXES = ("/api/",)
 
@@ -22,8 +37,8 @@ def registered_routes(running: Running) -> set[tuple[str, str]]:
     return out
 
 
-async def test_openapi_is_valid_31(running: Running) -> None:
-    status, doc, _ = await running.call("GET", "/api/openapi.json")
+async def test_openapi_is_valid_31(full: Running) -> None:
+    status, doc, _ = await full.call("GET", "/api/openapi.json")
     assert status == 200
     assert doc["openapi"] == "3.1.0"
     validate(doc)
@@ -38,8 +53,8 @@ async def test_every_route_is_documented_and_vice_versa(running: Running) -> Non
     assert documented - registered == set(), "documented operations that do not exist"
 
 
-async def test_protected_operations_declare_security_and_errors(running: Running) -> None:
-    _, doc, _ = await running.call("GET", "/api/openapi.json")
+async def test_protected_operations_declare_security_and_errors(full: Running) -> None:
+    _, doc, _ = await full.call("GET", "/api/openapi.json")
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             if op["security"]:
