@@ -114,6 +114,7 @@ class AgentRuntime:
         self._call: Any = None
         self._connecting: asyncio.Future[None] | None = None
         self._seed_fp: bytes | None = None
+        self._seed_changed = asyncio.Event()
         self.identity_changed = False
 
     # ================================================================= credentials
@@ -604,10 +605,18 @@ class AgentRuntime:
             if seed is not None and seed.instance_id != self.cfg.instance_id:
                 log.warning("a new seed names instance %s: dropping the link", seed.instance_id)
                 self.identity_changed = True
+                self._seed_changed.set()
                 if self._call is not None:
                     self._call.cancel()
                 elif self._connecting is not None:
                     self._connecting.cancel()
+
+    async def _pause(self, delay: float) -> None:
+        """Back off for `delay` seconds, or until a new seed arrives (a warm-pool hand-off
+        must not wait out a long backoff)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._seed_changed.wait(), delay)
+        self._seed_changed.clear()
 
     async def _enroll_until_done(self) -> None:
         enroll_backoff = Backoff(self.cfg.initial_backoff, self.cfg.max_backoff)
@@ -617,21 +626,24 @@ class AgentRuntime:
             except EnrollmentFailed as exc:
                 delay = enroll_backoff.delay()
                 log.error("%s; retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                await self.adopt_seed_identity()
+                await self._pause(delay)
+                if await self.adopt_seed_identity():
+                    enroll_backoff.reset()
 
     async def run(self) -> None:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._seed_changed = asyncio.Event()
         await self.adopt_seed_identity()
-        await self._enroll_until_done()
-        renewal = asyncio.create_task(self._renewal_loop(), name="agent-renewal")
         watcher = (
             asyncio.create_task(self._watch_seed(), name="agent-seed-watch")
             if self.cfg.seed_identity
             else None
         )
+        renewal: asyncio.Task[None] | None = None
         try:
+            await self._enroll_until_done()
+            renewal = asyncio.create_task(self._renewal_loop(), name="agent-renewal")
             while True:
                 try:
                     self._connecting = asyncio.ensure_future(self._connect_once())
@@ -658,11 +670,12 @@ class AgentRuntime:
                     log.warning("link failed: %s", exc or type(exc).__name__)
                 delay = self.backoff.delay()
                 log.info("reconnecting in %.2fs", delay)
-                await asyncio.sleep(delay)
+                await self._pause(delay)
                 if await self.adopt_seed_identity():
                     await self._enroll_until_done()
         finally:
-            renewal.cancel()
+            if renewal is not None:
+                renewal.cancel()
             if watcher is not None:
                 watcher.cancel()
             for sess in self.sessions.values():

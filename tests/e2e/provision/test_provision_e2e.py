@@ -145,6 +145,17 @@ def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: Serve
     assert re.search(r"\b[0-9a-f]{32}\b", out), out
 
 
+def wait_agent(server: ServerProcess, instance: str, timeout: float = 90) -> float:
+    """Seconds until the instance's agent is connected (after a restore it reconnects)."""
+    started = time.monotonic()
+    while True:
+        status, agent = server.api("GET", f"/api/v2/admin/agents/{instance}")
+        if status == 200 and agent.get("state") == "connected":
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout, f"agent of {instance}: {agent}"
+        time.sleep(0.5)
+
+
 def guest_identity(server: ServerProcess, instance: str) -> dict[str, str]:
     out = asyncio.run(
         run_in_session(
@@ -175,6 +186,8 @@ def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> No
     for iid in (COLD, CLONE):
         inst = server.ok("GET", f"/api/v2/admin/instances/{iid}")
         assert inst["state"] == "running", inst
+    # the source was saved and restored to take the snapshot: its agent reconnects
+    print(f"source agent back after {wait_agent(server, COLD):.1f}s more")
     first, second = guest_identity(server, COLD), guest_identity(server, CLONE)
     assert first["HOST"] == COLD and second["HOST"] == CLONE
     assert first["MID"] != second["MID"]
