@@ -138,6 +138,9 @@ class FleetComponent:
                     accel.reason,
                 )
         await self._sync_mirror()
+        from broker.instances import pools
+
+        await pools.restore_pools(self)
 
     async def stop(self) -> None:
         await self.ops.stop()

@@ -15,6 +15,7 @@ from broker.auth.principal import Principal, Role
 from broker.http.problems import ProblemError, conflict, not_found, not_ready, too_many
 from broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from broker.http.schemas import Input, InstanceId, Output
+from broker.instances import pools
 from broker.instances.component import FLEET_KEY, FleetComponent
 from broker.services import services
 from broker.store import models as m
@@ -218,7 +219,16 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
         source = "state"
     elif body.from_pool:
         source = "pool"
-        pool_key = f"{body.image or svc.settings.default_recipe}--{body.loadout}"
+        image_for_pool = resolve_image(comp, body.image or svc.settings.default_recipe)
+        network_for_pool = body.network or loadout.network
+        pool_key = pools.pool_key(image_for_pool.name, loadout.name, network_for_pool)
+        if pool_key not in {p.key for p in await comp.fleet.pool_status()}:
+            raise ProblemError(
+                422,
+                f"body.from_pool: no warm pool for image {image_for_pool.name}, loadout "
+                f"{loadout.name}, network {network_for_pool} (POST /api/v2/admin/pools first)",
+                errors=[{"field": "body.from_pool", "message": "no such pool", "type": "value"}],
+            )
     else:
         image = resolve_image(comp, body.image or svc.settings.default_recipe)
     async with svc.db.session() as s:
@@ -1057,3 +1067,106 @@ async def get_loadout(call: Call[NoBody, NoQuery]) -> LoadoutOut:
     if name not in comp.loadouts.names():
         raise not_found("loadout", name)
     return _loadout_out(comp, name)
+
+
+# ---- warm pools --------------------------------------------------------------------------------
+class PoolCreate(Input):
+    image: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+    loadout: str = Field(default="minimal", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    network: Literal["isolated", "nat"] | None = None
+    size: int = Field(default=2, ge=0, le=64)
+
+
+class PoolOut(Output):
+    key: str
+    image: str
+    loadout: str
+    network: str
+    size: int
+    ready: int
+    last_error: str
+
+
+class PoolList(Output):
+    items: list[PoolOut]
+
+
+@api.post(
+    "/api/v2/admin/pools",
+    body=PoolCreate,
+    response=OperationOut,
+    status=202,
+    role=Role.admin,
+    summary="Prepare (or resize) a warm pool for an image + loadout + network",
+    tag="pools",
+)
+async def create_pool(call: Call[PoolCreate, NoQuery]) -> OperationOut:
+    comp = fleet_of(call.request)
+    svc = services(call.request)
+    who = call.require_principal()
+    image = resolve_image(comp, call.body.image or svc.settings.default_recipe)
+    try:
+        loadout = comp.loadouts.resolve(call.body.loadout)
+    except LoadoutError as exc:
+        raise ProblemError(422, f"body.loadout: {exc}") from None
+    network = EgressPolicy(call.body.network or loadout.network)
+    size = call.body.size
+
+    async def body(progress: Any) -> dict[str, Any]:
+        return await pools.prepare(
+            comp, progress, image=image, loadout=loadout, network=network, size=size
+        )
+
+    op = await comp.ops.submit(
+        kind="pool-prepare",
+        subject_type="pool",
+        subject_id=pools.pool_key(image.name, loadout.name, network.value),
+        owner=who.subject,
+        actor=who.actor,
+        body=body,
+        planned=("golden", "settling", "saving", "filling"),
+    )
+    svc.audit.record(who.actor, "pool.prepare", "pool", op.subject_id, detail={"size": size})
+    return OperationOut.model_validate(op)
+
+
+@api.get(
+    "/api/v2/admin/pools",
+    response=PoolList,
+    role=Role.viewer,
+    summary="Warm pools and how many VMs each has ready",
+    tag="pools",
+)
+async def list_pools(call: Call[NoBody, NoQuery]) -> PoolList:
+    comp = fleet_of(call.request)
+    status = {p.key: p for p in await comp.fleet.pool_status()}
+    items = []
+    for pool in await pools.saved_pools(comp):
+        st = status.get(pool["key"])
+        items.append(
+            PoolOut(
+                key=pool["key"],
+                image=pool["image"],
+                loadout=pool["loadout"],
+                network=pool["network"],
+                size=int(pool["size"]),
+                ready=st.ready if st else 0,
+                last_error=st.last_error if st else "not configured",
+            )
+        )
+    return PoolList(items=items)
+
+
+@api.delete(
+    "/api/v2/admin/pools/{key}",
+    role=Role.admin,
+    summary="Drain and remove a warm pool",
+    tag="pools",
+)
+async def delete_pool(call: Call[NoBody, NoQuery]) -> None:
+    comp = fleet_of(call.request)
+    who = call.require_principal()
+    key = call.match["key"]
+    if not await pools.remove(comp, key):
+        raise not_found("pool", key)
+    services(call.request).audit.record(who.actor, "pool.remove", "pool", key)

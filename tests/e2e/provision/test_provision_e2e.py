@@ -68,7 +68,7 @@ def server() -> Iterator[ServerProcess]:
     try:
         yield srv
     finally:
-        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge"):
+        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", "e2e-pooled"):
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
         srv.stop()
         shutil.rmtree(data, ignore_errors=True)
@@ -272,3 +272,28 @@ def test_provision_vm_sh_without_a_server() -> None:
         )
         assert gone.returncode == 0, gone.stderr
     assert domains_named("e2e-direct") == []
+
+
+def test_warm_pool_hand_off(server: ServerProcess) -> None:
+    status, op = server.api("POST", "/api/v2/admin/pools",
+                            {"image": RECIPE, "loadout": "minimal", "size": 1})
+    assert status == 202, op
+    op = wait_op(server, op, timeout=600)
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    deadline = time.monotonic() + 120
+    while True:
+        pools = server.ok("GET", "/api/v2/admin/pools")["items"]
+        if pools and pools[0]["ready"] >= 1:
+            break
+        assert time.monotonic() < deadline, pools
+        time.sleep(1)
+    started = time.monotonic()
+    op = provision(server, {"id": "e2e-pooled", "image": RECIPE, "from_pool": True}, timeout=120)
+    elapsed = time.monotonic() - started
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    print(f"warm-pool create to agent ready: {elapsed:.1f}s: {op['stages']}")
+    ident = guest_identity(server, "e2e-pooled")
+    assert ident["HOST"] == "e2e-pooled"
+    server.ok("DELETE", "/api/v2/admin/instances/e2e-pooled")
+    server.ok("DELETE", f"/api/v2/admin/pools/{pools[0]['key']}")
+    assert server.ok("GET", "/api/v2/admin/pools")["items"] == []

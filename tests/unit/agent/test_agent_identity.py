@@ -1,0 +1,94 @@
+"""The agent takes on the identity its seed names (clones and warm-pool hand-offs)."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from agent import identity
+from agent.config import load, parser
+from agent.runtime import AgentRuntime
+
+
+def make_config(tmp_path: Path) -> Path:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "ca.pem").write_text("old-ca")
+    (tmp_path / "token").write_text("sbe_old")
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(
+        'instance_id = "golden-1"\nserver = "10.0.2.2:8120"\n'
+        f'ca_cert = "{tmp_path / "ca.pem"}"\n'
+        f'enrollment_token_file = "{tmp_path / "token"}"\n'
+        f'state_dir = "{tmp_path / "state"}"\nseed_identity = true\n'
+    )
+    return cfg
+
+
+def runtime(tmp_path: Path) -> AgentRuntime:
+    args: argparse.Namespace = parser().parse_args(["--config", str(make_config(tmp_path))])
+    return AgentRuntime(load(args))
+
+
+def seed(instance_id: str) -> identity.SeedIdentity:
+    return identity.SeedIdentity(
+        instance_id=instance_id,
+        hostname=instance_id,
+        server="10.0.2.2:9120",
+        enroll_server="10.0.2.2:9121",
+        server_name="agentic-sandbox-server",
+        ca_pem="new-ca",
+        enrollment_token="sbe_new",
+        issued_at=0.0,
+    )
+
+
+async def test_a_new_seed_replaces_the_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = runtime(tmp_path)
+    assert rt.cfg.seed_identity and rt.cfg.instance_id == "golden-1"
+    for p in (rt.cfg.key_path, rt.cfg.cert_path, rt.cfg.cert_meta_path):
+        p.write_text("old")
+    refreshed: list[str] = []
+    monkeypatch.setattr(identity, "read_seed", lambda: seed("web-7"))
+    monkeypatch.setattr(identity, "seed_fingerprint", lambda: b"fp")
+    monkeypatch.setattr(identity, "refresh_guest_identity", lambda s: refreshed.append(s.hostname))
+
+    assert await rt.adopt_seed_identity() is True
+    assert refreshed == ["web-7"]
+    assert rt.cfg.instance_id == "web-7" and rt.cfg.server == "10.0.2.2:9120"
+    assert rt.cfg.enroll_server == "10.0.2.2:9121"
+    assert (tmp_path / "token").read_text() == "sbe_new"
+    assert (tmp_path / "ca.pem").read_text() == "new-ca"
+    assert not rt.cfg.cert_path.exists() and not rt.cfg.key_path.exists()  # old instance's cert
+    saved = tomllib.loads((tmp_path / "agent.toml").read_text())
+    assert saved["instance_id"] == "web-7" and saved["seed_identity"] is True
+    assert "enrollment_token" not in saved  # the token stays in its 0600 file
+
+    # the same seed again changes nothing
+    assert await rt.adopt_seed_identity() is False
+    assert refreshed == ["web-7"]
+
+
+async def test_host_agents_ignore_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = runtime(tmp_path)
+    rt.cfg.seed_identity = False
+    monkeypatch.setattr(identity, "read_seed", lambda: seed("other"))
+    assert await rt.adopt_seed_identity() is False
+    assert rt.cfg.instance_id == "golden-1"
+
+
+def test_clock_is_only_stepped_beyond_the_tolerance() -> None:
+    import time
+
+    assert identity.step_clock(time.time() + 0.5) is False  # within 2 s: left alone
+
+
+def test_seed_identity_parses_the_provisioners_file() -> None:
+    s = identity.SeedIdentity.from_json(
+        {"instance_id": "a-1", "server": "10.0.2.2:1", "enrollment_token": "t", "ca_pem": "c"}
+    )
+    assert s.hostname == "a-1" and s.enroll_server == "" and s.issued_at == 0.0
