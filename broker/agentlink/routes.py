@@ -178,6 +178,9 @@ class AgentStatus(Output):
     peer: str | None = None
     agent_version: str = ""
     hostname: str = ""
+    certificate_serial: str | None = Field(
+        default=None, description="serial of the client certificate the live link presented"
+    )
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -199,6 +202,7 @@ def _status_of(
             peer=conn.peer,
             agent_version=conn.info.agent_version,
             hostname=conn.info.hostname,
+            certificate_serial=conn.cert_serial,
             metrics=conn.metrics.as_dict(),
         )
     if link_row is not None:
