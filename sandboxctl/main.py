@@ -41,6 +41,10 @@ def _kv(pairs: list[str], what: str) -> dict[str, str]:
 def cmd_config(args: argparse.Namespace) -> int:
     ctxs = Contexts.load()
     if args.verb == "set-context":
+        if not args.server:
+            raise CliError(
+                "set-context needs --server URL (and --token or --token-file)", EXIT_USAGE
+            )
         ctxs.set(args.name, args.server, args.token, args.token_file)
         if args.use:
             ctxs.current = args.name
@@ -303,7 +307,7 @@ async def session_attach(api: Api, a: argparse.Namespace) -> int:
 
 
 async def task_send(api: Api, a: argparse.Namespace) -> None:
-    body = {"instance_id": a.instance, "prompt": a.text}
+    body = {"instance_id": a.instance, "command": a.text}
     emit(await api.post("/api/v1/tasks", body), a.output)
 
 
@@ -320,7 +324,7 @@ async def task_get(api: Api, a: argparse.Namespace) -> None:
 
 
 async def task_cancel(api: Api, a: argparse.Namespace) -> None:
-    emit(await api.post(f"/api/v2/admin/missions/{a.id}/cancel", {}), a.output)
+    emit(await api.delete(f"/api/v1/tasks/{a.id}"), a.output)
 
 
 async def task_watch(api: Api, a: argparse.Namespace) -> None:
@@ -380,14 +384,35 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--server", help="server URL (default: the context's, or $SANDBOX_URL)")
-    p.add_argument("--token", help="operator token (default: the context's, or $SANDBOX_TOKEN)")
-    p.add_argument("--context", help="use this context instead of the current one")
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    # The global options work before or after the noun and verb (`sandboxctl x list -o json`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server",
+        default=argparse.SUPPRESS,
+        help="server URL (default: the context's, or $SANDBOX_URL)",
+    )
+    common.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="operator token (default: the context's, or $SANDBOX_TOKEN)",
+    )
+    common.add_argument(
+        "--context", default=argparse.SUPPRESS, help="use this context instead of the current one"
+    )
+    common.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml"],
+        default=argparse.SUPPRESS,
+        help="table (default), json or yaml",
+    )
+    for action in common._actions:
+        p._add_action(action)
+    p.set_defaults(server=None, token=None, context=None, output="table")
     nouns = p.add_subparsers(dest="noun", metavar="NOUN")
 
     def noun(name: str, help_text: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-        sp = nouns.add_parser(name, help=help_text)
+        sp = nouns.add_parser(name, help=help_text, parents=[common])
         return sp.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     def verb(
@@ -396,21 +421,21 @@ def build_parser() -> argparse.ArgumentParser:
         fn: Handler | None,
         help_text: str,
     ) -> argparse.ArgumentParser:
-        vp = group.add_parser(name, help=help_text, description=help_text)
+        vp = group.add_parser(name, help=help_text, description=help_text, parents=[common])
         vp.set_defaults(fn=fn)
         return vp
 
     g = noun("config", "server contexts (URL + token)")
     v = verb(g, "set-context", None, "create or update a context")
     v.add_argument("name")
-    v.add_argument("--server", dest="server", required=True)
-    v.add_argument("--token", dest="token")
     v.add_argument("--token-file")
     v.add_argument("--use", action="store_true", help="also make it current")
     verb(g, "use-context", None, "switch the current context").add_argument("name")
     verb(g, "get-contexts", None, "list contexts")
 
-    nouns.add_parser("whoami", help="who the token is").set_defaults(fn=whoami, verb="whoami")
+    nouns.add_parser("whoami", help="who the token is", parents=[common]).set_defaults(
+        fn=whoami, verb="whoami"
+    )
 
     g = noun("instance", "VMs")
     v = verb(g, "list", instance_list, "list instances")
@@ -523,7 +548,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` is a command to run (session new, instance ssh), options or not.
+    trailing: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, trailing = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if trailing is not None:
+        if not hasattr(args, "command"):
+            parser.error("`--` is only for commands (session new, instance ssh)")
+        args.command = [*(args.command or []), *trailing]
     if args.noun is None:
         parser.print_help()
         return EXIT_USAGE
