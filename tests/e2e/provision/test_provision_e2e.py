@@ -145,6 +145,27 @@ def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: Serve
     assert re.search(r"\b[0-9a-f]{32}\b", out), out
 
 
+def test_a2a_task_runs_in_the_guest(server: ServerProcess) -> None:
+    """An orchestrator's A2A message becomes a run in a PTY inside the VM, as the agent user."""
+    import json
+    import urllib.request
+
+    key = server.ok("POST", "/api/v2/admin/api-keys", {"instance_id": COLD})["key"]
+    card = server.ok("GET", f"/agents/{COLD}/.well-known/agent-card.json", token="")
+    assert card["name"] and card["signatures"]
+    body = {"message": {"messageId": "e2e-m1", "role": "ROLE_USER",
+                        "parts": [{"text": "echo user=$(id -un) host=$(hostname); uname -r"}]}}
+    req = urllib.request.Request(
+        f"{server.url}/agents/{COLD}/message:send", data=json.dumps(body).encode(),
+        method="POST", headers={"A2A-Version": "1.0", "Authorization": f"Bearer {key}",
+                                "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        result = json.loads(resp.read())
+    text = json.dumps(result)
+    assert "TASK_STATE_COMPLETED" in text, text[:2000]
+    assert f"user=agent host={COLD}" in text and "cloud-amd64" in text, text[:2000]
+
+
 def wait_agent(server: ServerProcess, instance: str, timeout: float = 90) -> float:
     """Seconds until the instance's agent is connected (after a restore it reconnects)."""
     started = time.monotonic()
