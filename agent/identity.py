@@ -124,8 +124,9 @@ def read_seed() -> SeedIdentity | None:
     return None
 
 
-def refresh_guest_identity(seed: SeedIdentity) -> None:
-    """Give this guest its own machine-id, SSH host keys and hostname (root only)."""
+def refresh_guest_identity(seed: SeedIdentity, *, ssh_keys: bool = True) -> None:
+    """Give this guest its own machine-id and hostname, and (unless `ssh_keys` is False; then
+    call `refresh_ssh_host_keys` yourself) its own SSH host keys. Root only."""
     machine_id = secrets.token_hex(16)
     Path("/etc/machine-id").write_text(machine_id + "\n")
     dbus_id = Path("/var/lib/dbus/machine-id")
@@ -139,14 +140,22 @@ def refresh_guest_identity(seed: SeedIdentity) -> None:
         lines = [ln for ln in hosts.read_text().splitlines() if not ln.startswith("127.0.1.1")]
         lines.append(f"127.0.1.1 {seed.hostname}")
         hosts.write_text("\n".join(lines) + "\n")
+    if ssh_keys:
+        refresh_ssh_host_keys()
+    log.info("guest identity refreshed for %s (machine-id, hostname)", seed.hostname)
+
+
+def refresh_ssh_host_keys() -> None:
+    """New SSH host keys (the clone's are its source's), then restart sshd."""
     ssh = Path("/etc/ssh")
-    if ssh.is_dir():
-        for key in ssh.glob("ssh_host_*"):
-            key.unlink(missing_ok=True)
-        for kind in ("ed25519", "ecdsa"):
-            _run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(ssh / f"ssh_host_{kind}_key"))
-        _run("systemctl", "try-restart", "ssh.service", timeout=30)
-    log.info("guest identity refreshed for %s (machine-id, SSH host keys, hostname)", seed.hostname)
+    if not ssh.is_dir():
+        return
+    for key in ssh.glob("ssh_host_*"):
+        key.unlink(missing_ok=True)
+    for kind in ("ed25519", "ecdsa"):
+        _run("ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(ssh / f"ssh_host_{kind}_key"))
+    _run("systemctl", "try-restart", "ssh.service", timeout=30)
+    log.info("SSH host keys regenerated")
 
 
 def step_clock(server_time: float, tolerance: float = 2.0) -> bool:

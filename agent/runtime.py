@@ -115,6 +115,7 @@ class AgentRuntime:
         self._connecting: asyncio.Future[None] | None = None
         self._seed_fp: bytes | None = None
         self._seed_changed = asyncio.Event()
+        self._background: set[asyncio.Future[None]] = set()
         self.identity_changed = False
 
     # ================================================================= credentials
@@ -568,7 +569,11 @@ class AgentRuntime:
         for path in (self.cfg.key_path, self.cfg.cert_path, self.cfg.cert_meta_path):
             with contextlib.suppress(OSError):
                 path.unlink()
-        await asyncio.to_thread(identity.refresh_guest_identity, seed)
+        await asyncio.to_thread(identity.refresh_guest_identity, seed, ssh_keys=False)
+        # SSH host keys take a while under emulation and do not gate the link: in the background.
+        self._background.add(
+            asyncio.ensure_future(asyncio.to_thread(identity.refresh_ssh_host_keys))
+        )
         if time.time() < seed.issued_at:  # the saved guest's clock lags: at least the seed's time
             identity.step_clock(seed.issued_at, tolerance=0.0)
         self.cfg.instance_id = seed.instance_id

@@ -31,7 +31,6 @@ from .models import (
     EgressPolicy,
     FleetEventKind,
     Instance,
-    InstanceRecord,
     InstanceState,
     validate_name,
 )
@@ -210,17 +209,18 @@ class WarmPoolOps(FleetBase):
                 try:
                     dom = await self.lookup_domain(e)
 
-                    def handoff(dom: libvirt.virDomain = dom, rec: InstanceRecord = record) -> None:
-                        dom.resume()  # first: the guest runs while libvirt writes its config
-                        save_record(dom, rec)
-
                     # re-key first so events from the resume find the new id
                     self.entries[spec.instance_id] = e
                     del self.entries[old_id]
                     e.record = record
+                    # Resume first: the guest runs while libvirt writes its config, and a media
+                    # change (the new seed) needs a running guest to release the tray — on a
+                    # paused one QEMU waits for the eject until it times out.
+                    self.fault("booting")
+                    await h.run(dom.resume)
                     if spec.seed:
                         await self._set_seed_locked(e, spec.seed)  # type: ignore[attr-defined]
-                    await h.run(handoff)
+                    await h.run(save_record, dom, record)
                 except (FleetError, libvirt.libvirtError) as err:
                     log.warning("warm pool %s: hand-off of %s failed: %s", key, old_id, err)
                     self.entries.pop(spec.instance_id, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tomllib
 from pathlib import Path
 
@@ -55,10 +56,15 @@ async def test_a_new_seed_replaces_the_identity(
     refreshed: list[str] = []
     monkeypatch.setattr(identity, "read_seed", lambda: seed("web-7"))
     monkeypatch.setattr(identity, "seed_fingerprint", lambda: b"fp")
-    monkeypatch.setattr(identity, "refresh_guest_identity", lambda s: refreshed.append(s.hostname))
+    monkeypatch.setattr(
+        identity, "refresh_guest_identity", lambda s, **kw: refreshed.append(s.hostname)
+    )
+    # never touch this machine's own SSH host keys
+    monkeypatch.setattr(identity, "refresh_ssh_host_keys", lambda: refreshed.append("ssh"))
 
     assert await rt.adopt_seed_identity() is True
-    assert refreshed == ["web-7"]
+    await asyncio.gather(*rt._background)
+    assert refreshed == ["web-7", "ssh"]
     assert rt.cfg.instance_id == "web-7" and rt.cfg.server == "10.0.2.2:9120"
     assert rt.cfg.enroll_server == "10.0.2.2:9121"
     assert (tmp_path / "token").read_text() == "sbe_new"
@@ -70,7 +76,7 @@ async def test_a_new_seed_replaces_the_identity(
 
     # the same seed again changes nothing
     assert await rt.adopt_seed_identity() is False
-    assert refreshed == ["web-7"]
+    assert refreshed == ["web-7", "ssh"]
 
 
 async def test_host_agents_ignore_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
