@@ -153,12 +153,23 @@ def test_a2a_task_runs_in_the_guest(server: ServerProcess) -> None:
     key = server.ok("POST", "/api/v2/admin/api-keys", {"instance_id": COLD})["key"]
     card = server.ok("GET", f"/agents/{COLD}/.well-known/agent-card.json", token="")
     assert card["name"] and card["signatures"]
-    body = {"message": {"messageId": "e2e-m1", "role": "ROLE_USER",
-                        "parts": [{"text": "echo user=$(id -un) host=$(hostname); uname -r"}]}}
+    body = {
+        "message": {
+            "messageId": "e2e-m1",
+            "role": "ROLE_USER",
+            "parts": [{"text": "echo user=$(id -un) host=$(hostname); uname -r"}],
+        }
+    }
     req = urllib.request.Request(
-        f"{server.url}/agents/{COLD}/message:send", data=json.dumps(body).encode(),
-        method="POST", headers={"A2A-Version": "1.0", "Authorization": f"Bearer {key}",
-                                "Content-Type": "application/json"})
+        f"{server.url}/agents/{COLD}/message:send",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "A2A-Version": "1.0",
+            "Authorization": f"Bearer {key}",
+            "Content-Type": "application/json",
+        },
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         result = json.loads(resp.read())
     text = json.dumps(result)
@@ -296,8 +307,9 @@ def test_provision_vm_sh_without_a_server() -> None:
 
 
 def test_warm_pool_hand_off(server: ServerProcess) -> None:
-    status, op = server.api("POST", "/api/v2/admin/pools",
-                            {"image": RECIPE, "loadout": "minimal", "size": 1})
+    status, op = server.api(
+        "POST", "/api/v2/admin/pools", {"image": RECIPE, "loadout": "minimal", "size": 1}
+    )
     assert status == 202, op
     op = wait_op(server, op, timeout=600)
     assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
