@@ -36,9 +36,7 @@ class StoreGauges:
             ("state", "host"),
             lambda: self._instances,
         )
-        svc.metrics.provide(
-            "sandbox_tasks", "Tasks by A2A state", ("state",), lambda: self._tasks
-        )
+        svc.metrics.provide("sandbox_tasks", "Tasks by A2A state", ("state",), lambda: self._tasks)
 
     def install(self, app: web.Application) -> None:
         return None
