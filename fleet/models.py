@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
+from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 INSTANCE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _INSTANCE_ID_RE = re.compile(INSTANCE_ID_PATTERN)
@@ -201,6 +202,22 @@ class HostSpec(_Input):
         if any(c in self.uri for c in "\0\n\r "):
             raise ValueError("uri: whitespace/control characters are not allowed")
         return self
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        """A libvirt URI: driver[+transport]://…, printable ASCII, that urlparse accepts."""
+        if not re.fullmatch(
+            r"(qemu|test)(\+(ssh|libssh|libssh2|tls|tcp|unix|ext))?://[!-~]*", value
+        ):
+            raise ValueError(
+                "must be a libvirt URI such as qemu:///system or qemu+ssh://user@host/system"
+            )
+        try:
+            urlparse(value)
+        except ValueError as exc:
+            raise ValueError(f"not a valid URI: {exc}") from None
+        return value
 
 
 class FleetConfig(_Input):

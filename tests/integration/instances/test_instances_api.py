@@ -222,3 +222,30 @@ async def test_metrics_show_instances_by_state_and_host(fleet_server: Running) -
     assert (
         b'sandbox_provision_stage_duration_seconds_count{outcome="ok",stage="booting"} 1.0' in text
     )
+
+
+async def test_instance_quota_per_owner_is_429(tmp_path: Any) -> None:
+    from broker.instances import FleetComponent
+    from images import ImageStore
+    from tests.fleet_support.testdriver import node_uri
+    from tests.inproc import make_settings, start_server
+    from tests.unit.images.images_fakes import publish_fake
+
+    publish_fake(ImageStore(tmp_path / "data" / "images"), IMAGE, recipe_name="fake")
+    settings = make_settings(
+        tmp_path,
+        libvirt_uri=node_uri(tmp_path, "local"),
+        kvm_probe=False,
+        max_instances_per_owner=2,
+    )
+    async with start_server(settings, components=lambda svc: [FleetComponent(svc)]) as r:
+        for i in range(2):
+            op = await create(r, {"id": f"q-{i}", "image": IMAGE, "wait_ready": False})
+            assert op["state"] == "succeeded"
+        status, problem, resp = await r.call(
+            "POST", "/api/v2/admin/instances", json={"id": "q-2", "image": IMAGE}
+        )
+        assert status == 429 and int(resp.headers["Retry-After"]) >= 1
+        assert "limit 2" in problem["detail"]
+        status, listing, _ = await r.call("GET", "/api/v2/admin/instances")
+        assert [i["id"] for i in listing["items"]] == ["q-0", "q-1"]
