@@ -127,7 +127,7 @@ class TaskPushNotificationConfig(Wire):
 class SendMessageConfiguration(Wire):
     accepted_output_modes: list[str] | None = None
     task_push_notification_config: TaskPushNotificationConfig | None = None
-    history_length: int | None = Field(default=None, ge=0)
+    history_length: int | None = Field(default=None, ge=0, le=1_000_000)
     return_immediately: bool = False
 
 
@@ -141,7 +141,7 @@ class SendMessageRequest(Wire):
 class GetTaskRequest(Wire):
     tenant: str | None = None
     id: str = Field(min_length=1, max_length=64)
-    history_length: int | None = Field(default=None, ge=0)
+    history_length: int | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class ListTasksRequest(Wire):
@@ -150,7 +150,7 @@ class ListTasksRequest(Wire):
     status: TaskState | None = None
     page_size: int | None = Field(default=None, ge=1, le=100)
     page_token: str | None = Field(default=None, max_length=400)
-    history_length: int | None = Field(default=None, ge=0)
+    history_length: int | None = Field(default=None, ge=0, le=1_000_000)
     status_timestamp_after: dt.datetime | None = None
     include_artifacts: bool = False
 

@@ -26,7 +26,7 @@ SSE_KEEPALIVE_SECONDS = 15.0
 
 
 class EventsQuery(Input):
-    after: int = Field(default=0, ge=0, description="return events with seq > after")
+    after: int = Field(default=0, ge=0, le=2**63 - 1, description="return events with seq > after")
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     type: list[str] | str | None = Field(
         default=None,
@@ -191,7 +191,7 @@ class AuditQuery(Input):
     subject_id: str | None = Field(default=None, max_length=128)
     actor: str | None = Field(default=None, max_length=160)
     outcome: str | None = Field(default=None, pattern="^(ok|denied|failed)$")
-    after: int = Field(default=0, ge=0)
+    after: int = Field(default=0, ge=0, le=2**63 - 1)
     limit: int = Field(default=100, ge=1, le=1000)
 
 

@@ -1,99 +1,102 @@
-// Dashboard entry point: login with a token, then the views.
+// Dashboard entry point: sign in with a token (→ HttpOnly cookie + CSRF token in memory), then
+// the views: instances (+ create dialog, instance view), terminal, recordings, sessions, tasks,
+// and the live events panel that keeps them all fresh.
+import { api, ApiError, onUnauthorized, setCsrf } from "/static/api.js";
+import { CreateDialog, loadOperations } from "/static/create.js";
+import { $, debounce, fmtDuration } from "/static/dom.js";
+import { EventFeed, EventsPanel, renderFeedStatus } from "/static/events.js";
+import { InstancesView } from "/static/instances.js";
+import { CastPlayer, parseCast } from "/static/player.js";
+import { SessionsRoom } from "/static/sessions.js";
+import { TasksView } from "/static/tasks.js";
 import { SessionTerminal } from "/static/terminal.js";
 
-const $ = (sel) => document.querySelector(sel);
-let csrf = null;
 let terminal = null;
+let player = null;
+let feed = null;
+let me = null;
 
-async function api(path, options = {}) {
-  const headers = Object.assign({ "Content-Type": "application/json" }, options.headers || {});
-  if (csrf && options.method && options.method !== "GET") headers["X-CSRF-Token"] = csrf;
-  const resp = await fetch(path, Object.assign({}, options, { headers, credentials: "same-origin" }));
-  if (!resp.ok) {
-    let detail = resp.statusText;
-    try { detail = (await resp.json()).detail || detail; } catch (_) { /* not JSON */ }
-    throw new Error(detail);
-  }
-  return resp.status === 204 ? null : resp.json();
+const ROLE_RANK = { viewer: 0, operator: 1, admin: 2 };
+
+const app = {
+  agents: new Map(),
+  canOperate: () => Boolean(me) && ROLE_RANK[me.role] >= ROLE_RANK.operator,
+  openTerminal,
+  openPlayer,
+  openCreate: (opts) => create.open(opts),
+  refresh: {},
+};
+
+const report = (where) => (err) => {
+  if (err instanceof ApiError && err.status === 401) return;
+  console.warn(`${where}:`, err);
+};
+
+const instances = new InstancesView(app);
+app.instances = instances;
+const sessions = new SessionsRoom(app);
+const tasks = new TasksView(app);
+const create = new CreateDialog(app);
+const eventsPanel = new EventsPanel();
+
+app.refresh.instances = debounce(() => instances.load().catch((e) => { instances.listError(e); report("instances")(e); }), 250);
+app.refresh.sessions = debounce(() => {
+  sessions.load().catch(report("sessions"));
+  instances.loadSessions().catch(report("instance sessions"));
+}, 250);
+app.refresh.tasks = debounce(() => tasks.load().catch(report("tasks")), 300);
+app.refresh.operations = debounce(() => loadOperations().catch(report("operations")), 300);
+
+function refreshAll() {
+  app.refresh.instances.now();
+  app.refresh.sessions.now();
+  app.refresh.tasks.now();
+  app.refresh.operations.now();
+  instances.loadSnapshots().catch(report("snapshots"));
 }
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (key === "dataset") Object.assign(node.dataset, value);
-    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else node.setAttribute(key, value);
+// ---- live events → views ---------------------------------------------------------------------
+function onEvent(ev) {
+  eventsPanel.add(ev);
+  const family = ev.type.split(".")[0];
+  if (family === "instance" || family === "agent" || family === "host") app.refresh.instances();
+  if (family === "agent" || family === "session") app.refresh.sessions();
+  if (family === "task") { tasks.onEvent(ev); app.refresh.tasks(); }
+  if (family === "operation") { create.onEvent(ev); app.refresh.operations(); }
+  if (family === "instance" && ev.instance_id && ev.instance_id === instances.selected && /snapshot/.test(ev.type)) {
+    instances.loadSnapshots().catch(report("snapshots"));
   }
-  for (const child of children) node.append(child);
-  return node;
+  window.sandboxEvents.last = ev.seq;
 }
 
-// ---- sessions room ---------------------------------------------------------------------------
-async function loadSessions() {
-  const [sessions, agents] = await Promise.all([
-    api("/api/v2/admin/sessions?limit=100"),
-    api("/api/v2/admin/agents"),
-  ]);
-  const body = $("#sessions tbody");
-  body.replaceChildren();
-  for (const s of sessions.items) {
-    const live = s.held && !["exited", "failed", "lost"].includes(s.state);
-    const actions = el("td", {});
-    if (s.held) {
-      actions.append(
-        el("button", { type: "button", class: "attach-control", dataset: { session: s.id }, onclick: () => openTerminal(s.id, true) }, "Attach as controller"),
-        el("button", { type: "button", class: "attach-observe", dataset: { session: s.id }, onclick: () => openTerminal(s.id, false) }, "Observe"),
-      );
-    }
-    if (live) {
-      actions.append(el("button", { type: "button", class: "kill", onclick: () => killSession(s.id) }, "Kill"));
-    }
-    body.append(el("tr", { dataset: { session: s.id } },
-      el("td", { title: s.id }, el("code", {}, s.id.slice(0, 8))),
-      el("td", {}, s.instance_id),
-      el("td", {}, s.name || (s.command ? s.command.join(" ") : "login shell")),
-      el("td", { class: `state state-${s.state}` }, s.state + (s.exit_code !== null ? ` (${s.exit_code})` : "")),
-      el("td", {}, s.controller || "—"),
-      el("td", {}, String(s.observers)),
-      actions,
-    ));
-  }
-  const select = $("#new-instance");
-  const current = select.value;
-  select.replaceChildren();
-  for (const a of agents.items.filter((x) => x.state === "connected")) {
-    select.append(el("option", { value: a.instance_id }, a.instance_id));
-  }
-  if (current) select.value = current;
+function onGap(payload) {
+  eventsPanel.gap(payload);
+  refreshAll();
 }
 
-async function killSession(id) {
-  try {
-    await api(`/api/v2/admin/sessions/${encodeURIComponent(id)}/kill`, { method: "POST", body: "{}" });
-  } catch (err) {
-    $("#new-error").textContent = `kill failed: ${err.message}`;
-  }
-  setTimeout(loadSessions, 500);
+function startFeed() {
+  if (feed) feed.stop();
+  feed = new EventFeed({
+    onEvent,
+    onGap,
+    onStatus: (status, detail) => {
+      renderFeedStatus(status, detail);
+      // After a reconnect, anything not replayed (lists are snapshots) is reloaded once.
+      if (status === "live" && feed && feed.connects > 1) refreshAll();
+    },
+    onUnauthorized: signedOut,
+  });
+  window.sandboxEvents = {
+    get lastEventId() { return feed.lastEventId; },
+    get connects() { return feed.connects; },
+    get received() { return feed.received; },
+    get gaps() { return feed.gaps; },
+    get status() { return feed.status; },
+    reconnect: () => feed.reconnect(),
+    last: null,
+  };
+  feed.start();
 }
-
-$("#new-session").addEventListener("submit", async (ev) => {
-  ev.preventDefault();
-  $("#new-error").textContent = "";
-  const instance = $("#new-instance").value;
-  if (!instance) { $("#new-error").textContent = "no connected agent"; return; }
-  const body = { instance_id: instance, cols: 100, rows: 30 };
-  const command = $("#new-command").value.trim();
-  if (command) body.command = ["/bin/sh", "-c", command];
-  try {
-    const created = await api("/api/v2/admin/sessions", { method: "POST", body: JSON.stringify(body) });
-    await loadSessions();
-    openTerminal(created.id, true);
-  } catch (err) {
-    $("#new-error").textContent = `could not create: ${err.message}`;
-  }
-});
-
-$("#sessions-refresh").addEventListener("click", () => loadSessions().catch(() => {}));
 
 // ---- terminal room ---------------------------------------------------------------------------
 function renderTerminalState(t) {
@@ -102,11 +105,12 @@ function renderTerminalState(t) {
   role.dataset.role = t.role || "";
   $("#term-status").textContent = t.status || "";
   $("#term-status").dataset.status = t.status || "";
-  $("#term-members").textContent = t.members.map((m) => `${m.subject} (${m.role})`).join(", ");
+  $("#term-members").textContent = t.members.map((m) => `${m.subject} (${m.role})`).join(", ") || "—";
   $("#term-members").dataset.count = String(t.members.length);
   $("#term-message").textContent = t.lastMessage || "";
-  $("#term-take").disabled = t.role === "controller";
+  $("#term-take").disabled = t.role === "controller" || !app.canOperate();
   $("#term-release").disabled = t.role !== "controller";
+  $("#term-recording").disabled = t.exited === null;
   window.sandboxTerminal = {
     session: t.sessionId,
     role: t.role,
@@ -121,41 +125,146 @@ function renderTerminalState(t) {
 function openTerminal(sessionId, wantControl) {
   if (terminal) terminal.close();
   $("#terminal").replaceChildren();
-  $("#terminal-room").hidden = false;
+  const room = $("#terminal-room");
+  room.hidden = false;
   $("#term-session").textContent = sessionId;
   terminal = new SessionTerminal($("#terminal"), sessionId, { wantControl, onState: renderTerminalState });
+  room.scrollIntoView({ block: "nearest" });
   terminal.term.focus();
+}
+
+function closeTerminal() {
+  if (terminal) terminal.close();
+  terminal = null;
+  $("#terminal-room").hidden = true;
+  app.refresh.sessions();
 }
 
 $("#term-take").addEventListener("click", () => terminal && terminal.takeControl());
 $("#term-release").addEventListener("click", () => terminal && terminal.releaseControl());
 $("#term-reconnect").addEventListener("click", () => terminal && terminal.reconnect());
-$("#term-detach").addEventListener("click", () => {
-  if (terminal) terminal.close();
-  terminal = null;
-  $("#terminal-room").hidden = true;
-  loadSessions().catch(() => {});
+$("#term-detach").addEventListener("click", closeTerminal);
+$("#term-recording").addEventListener("click", () => terminal && openPlayer(terminal.sessionId, $("#term-session").textContent));
+
+// ---- recording player ------------------------------------------------------------------------
+function renderPlayerState(p) {
+  const playBtn = $("#player-play");
+  playBtn.textContent = p.state === "playing" ? "Pause" : p.state === "ended" ? "Replay" : "Play";
+  playBtn.setAttribute("aria-pressed", String(p.state === "playing"));
+  $("#player-state").textContent = p.state;
+  $("#player-state").dataset.state = p.state;
+  const seek = $("#player-seek");
+  seek.max = String(Math.max(0.01, p.duration));
+  if (document.activeElement !== seek || p.state !== "playing") seek.value = String(p.position);
+  seek.setAttribute("aria-valuetext", `${fmtDuration(p.position)} of ${fmtDuration(p.duration)}`);
+  $("#player-time").textContent = `${fmtDuration(p.position)} / ${fmtDuration(p.duration)}`;
+  $("#player-message").textContent = p.lastMarker ? `marker: ${p.lastMarker}` : "";
+  window.sandboxPlayer = { state: p.state, position: p.position, duration: p.duration, speed: p.speed, events: p.cast.events.length };
+}
+
+async function openPlayer(sessionId, label) {
+  if (player) { player.dispose(); player = null; }
+  const room = $("#player-room");
+  room.hidden = false;
+  $("#player-session").textContent = label || sessionId;
+  $("#player-session").title = sessionId;
+  $("#player-terminal").replaceChildren();
+  $("#player-error").textContent = "";
+  $("#player-message").textContent = "";
+  $("#player-download").href = `/api/v2/admin/sessions/${encodeURIComponent(sessionId)}/recording`;
+  $("#player-download").setAttribute("download", `${sessionId}.cast`);
+  window.sandboxPlayer = { state: "loading" };
+  for (const id of ["#player-play", "#player-restart", "#player-seek"]) $(id).disabled = true;
+  room.scrollIntoView({ block: "nearest" });
+  let cast;
+  try {
+    cast = parseCast(await api(`/api/v2/admin/sessions/${encodeURIComponent(sessionId)}/recording`, { accept: "text" }));
+  } catch (err) {
+    $("#player-error").textContent = `Cannot play this recording: ${err.message}`;
+    window.sandboxPlayer = { state: "error", error: err.message };
+    return;
+  }
+  player = new CastPlayer($("#player-terminal"), cast, { onState: renderPlayerState });
+  player.setSpeed(Number($("#player-speed").value));
+  for (const id of ["#player-play", "#player-restart", "#player-seek"]) $(id).disabled = false;
+  if (cast.skipped) $("#player-error").textContent = `${cast.skipped} unreadable line(s) skipped.`;
+  player.play();
+  $("#player-play").focus();
+}
+
+$("#player-play").addEventListener("click", () => player && player.toggle());
+$("#player-restart").addEventListener("click", () => { if (player) { player.seek(0); player.play(); } });
+$("#player-speed").addEventListener("change", () => player && player.setSpeed(Number($("#player-speed").value)));
+$("#player-seek").addEventListener("input", () => player && player.seek(Number($("#player-seek").value)));
+$("#player-close").addEventListener("click", () => {
+  if (player) player.dispose();
+  player = null;
+  $("#player-room").hidden = true;
+});
+$("#player-room").addEventListener("keydown", (ev) => {
+  // Space toggles playback, arrows seek 5 s (when focus is not in a form control).
+  if (!player || ["INPUT", "SELECT", "BUTTON", "A"].includes(ev.target.tagName)) return;
+  if (ev.key === " ") { ev.preventDefault(); player.toggle(); }
+  if (ev.key === "ArrowRight") player.seek(player.position + 5);
+  if (ev.key === "ArrowLeft") player.seek(player.position - 5);
 });
 
-// ---- login -----------------------------------------------------------------------------------
+// ---- login / logout --------------------------------------------------------------------------
 async function showApp() {
-  const me = await api("/api/v2/admin/whoami");
-  csrf = me.csrf_token;
+  me = await api("/api/v2/admin/whoami", { quiet401: true });
+  setCsrf(me.csrf_token);
   $("#who").textContent = `${me.subject} (${me.role})`;
   $("#login").hidden = true;
   $("#app").hidden = false;
-  await loadSessions();
+  $("#nav").hidden = false;
+  $("#logout").hidden = false;
+  document.body.dataset.role = me.role;
+  $("#create-open").disabled = !app.canOperate();
+  $("#new-session button[type=submit]").disabled = !app.canOperate();
+  startFeed();
+  await Promise.all([
+    instances.load().catch((e) => instances.listError(e)),
+    sessions.load().catch(report("sessions")),
+    tasks.load(),
+    loadOperations(),
+  ]);
 }
+
+function signedOut() {
+  if (feed) feed.stop();
+  feed = null;
+  if (terminal) terminal.close();
+  terminal = null;
+  me = null;
+  setCsrf(null);
+  $("#app").hidden = true;
+  $("#nav").hidden = true;
+  $("#logout").hidden = true;
+  $("#who").textContent = "";
+  $("#login").hidden = false;
+  $("#login-error").textContent = "Your session ended: sign in again.";
+  $("#token").focus();
+}
+
+onUnauthorized(() => { if (me) signedOut(); });
 
 $("#login-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   $("#login-error").textContent = "";
+  const field = $("#token");
   try {
-    await api("/api/v2/admin/login", { method: "POST", body: JSON.stringify({ token: $("#token").value.trim() }) });
+    await api("/api/v2/admin/login", { method: "POST", body: { token: field.value.trim() }, quiet401: true });
+    field.value = ""; // the token is not kept anywhere; the HttpOnly cookie carries the session
     await showApp();
   } catch (err) {
     $("#login-error").textContent = `Sign-in failed: ${err.message}`;
   }
 });
 
-showApp().catch(() => { /* not signed in yet */ });
+$("#logout").addEventListener("click", async () => {
+  try { await api("/api/v2/admin/logout", { method: "POST" }); } catch (_) { /* signed out anyway */ }
+  signedOut();
+  $("#login-error").textContent = "Signed out.";
+});
+
+showApp().catch(() => { $("#token").focus(); /* not signed in yet */ });

@@ -120,3 +120,11 @@ async def test_request_id_is_echoed_and_in_problem(running: Running) -> None:
     )
     assert resp.headers["X-Request-Id"] == rid
     assert body["request_id"] == rid
+
+
+async def test_cursor_beyond_64_bits_is_422_not_500(running: Running) -> None:
+    huge = "37879526448798708873095343975170048"  # found by schemathesis: once a 500
+    for path in (f"/api/v2/admin/audit?after={huge}", f"/api/v1/events?after={huge}"):
+        status, body, resp = await running.call("GET", path)
+        assert status == 422, (path, body)
+        assert body["errors"][0]["field"] == "query.after"
