@@ -125,6 +125,6 @@ async def test_request_id_is_echoed_and_in_problem(running: Running) -> None:
 async def test_cursor_beyond_64_bits_is_422_not_500(running: Running) -> None:
     huge = "37879526448798708873095343975170048"  # found by schemathesis: once a 500
     for path in (f"/api/v2/admin/audit?after={huge}", f"/api/v1/events?after={huge}"):
-        status, body, resp = await running.call("GET", path)
+        status, body, _resp = await running.call("GET", path)
         assert status == 422, (path, body)
         assert body["errors"][0]["field"] == "query.after"
