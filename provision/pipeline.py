@@ -51,7 +51,7 @@ _FLEET_STAGE = {
     "placing": "placing",
     "ports": "placing",
     "disk": "disk",
-    "seed": "seed",
+    "seed": "disk",  # copying the (already written) seed next to the overlay
     "defining": "defining",
     "booting": "booting",
     "restoring": "booting",

@@ -17,7 +17,12 @@ VENDORED = {
 
 
 async def index(_request: web.Request) -> web.FileResponse:
-    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+    # Content-Type up front: FileResponse sets it only while preparing, after the security
+    # middleware has looked for text/html to add the CSP.
+    return web.FileResponse(
+        STATIC_DIR / "index.html",
+        headers={"Cache-Control": "no-cache", "Content-Type": "text/html; charset=utf-8"},
+    )
 
 
 def install_dashboard(app: web.Application) -> None:

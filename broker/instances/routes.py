@@ -78,6 +78,15 @@ async def visible_instance(call: Call[Any, Any], instance_id: str) -> m.Instance
     return row
 
 
+def instance_out(row: m.Instance) -> InstanceOut:
+    out = InstanceOut.model_validate(row)
+    return out.model_copy(update={"kind": str((row.spec or {}).get("kind") or "vm")})
+
+
+def is_host_agent(row: m.Instance) -> bool:
+    return (row.spec or {}).get("kind") == "host-agent"
+
+
 def require_owner_or_admin(who: Principal, row: m.Instance) -> None:
     if not (who.is_admin or row.owner == who.subject):
         raise ProblemError(403, "only the owner or an admin may change this instance")
@@ -146,6 +155,7 @@ class OperationList(Output):
 
 class InstanceOut(Output):
     id: str
+    kind: str = Field(default="vm", description="vm, or host-agent (an agent on the host)")
     owner: str
     state: str
     state_reason: str
@@ -155,6 +165,7 @@ class InstanceOut(Output):
     loadout: str | None
     vcpus: int
     memory_mib: int
+    disk_gib: int | None = None
     network_policy: str
     ssh_port: int | None
     created_at: dt.datetime
@@ -353,7 +364,7 @@ async def list_instances(call: Call[NoBody, InstanceQuery]) -> InstanceList:
         stmt = stmt.where(m.Instance.host == q.host)
     async with services(call.request).db.session() as s:
         rows = (await s.scalars(stmt.limit(q.limit))).all()
-    return InstanceList(items=[InstanceOut.model_validate(r) for r in rows])
+    return InstanceList(items=[instance_out(r) for r in rows])
 
 
 @api.get(
@@ -364,14 +375,16 @@ async def list_instances(call: Call[NoBody, InstanceQuery]) -> InstanceList:
     tag="instances",
 )
 async def get_instance(call: Call[NoBody, NoQuery]) -> InstanceOut:
-    return InstanceOut.model_validate(await visible_instance(call, call.match["instance_id"]))
+    return instance_out(await visible_instance(call, call.match["instance_id"]))
 
 
 async def _lifecycle(call: Call[Any, Any], action: str) -> InstanceOut:
-    comp = fleet_of(call.request)
     who = call.require_principal()
     row = await visible_instance(call, call.match["instance_id"])
     require_owner_or_admin(who, row)
+    if is_host_agent(row):
+        raise conflict(f"instance {row.id} is an agent on the host: it has no VM to {action}")
+    comp = fleet_of(call.request)
     if row.state == "provisioning":
         raise conflict(f"instance {row.id} is still being provisioned")
     f = comp.fleet
@@ -398,7 +411,7 @@ async def _lifecycle(call: Call[Any, Any], action: str) -> InstanceOut:
         assert fresh is not None
         fresh.state = inst.state.value
         fresh.state_reason = inst.state_reason
-        return InstanceOut.model_validate(fresh)
+        return instance_out(fresh)
 
 
 def _action_route(action: str, summary: str) -> None:
@@ -437,11 +450,24 @@ for _action, _summary in (
     tag="instances",
 )
 async def delete_instance(call: Call[NoBody, NoQuery]) -> None:
-    comp = fleet_of(call.request)
     svc = services(call.request)
     who = call.require_principal()
     row = await visible_instance(call, call.match["instance_id"])
     require_owner_or_admin(who, row)
+    comp = call.request.app[FLEET_KEY]
+    if is_host_agent(row):  # no VM: forget the record and the agent's credentials
+        async with svc.db.session() as s:
+            fresh = await s.get(m.Instance, row.id)
+            if fresh is not None:
+                before = fresh.state
+                fresh.state = "deleted"
+                fresh.deleted_at = dt.datetime.now(dt.UTC)
+                svc.audit.transition(who.actor, "instance", row.id, before, "deleted")
+        if comp.enroller is not None:
+            await comp.enroller.forget(row.id)
+        svc.events.publish("instance.deleted", actor=who.actor, owner=row.owner, instance_id=row.id)
+        return
+    comp = fleet_of(call.request)
     try:
         await comp.fleet.delete(row.id)
     except FleetError as exc:
@@ -602,7 +628,7 @@ async def revert_snapshot(call: Call[NoBody, NoQuery]) -> InstanceOut:
         fresh = await s.get(m.Instance, row.id)
         assert fresh is not None
         fresh.state = inst.state.value
-        return InstanceOut.model_validate(fresh)
+        return instance_out(fresh)
 
 
 @api.delete(

@@ -49,13 +49,15 @@ class Progress:
     runner: OperationRunner
     stages: list[dict[str, Any]] = field(default_factory=list)
     planned: tuple[str, ...] = ()
+    fraction: float = 0.0
 
     def stage(self, name: str, stages: list[dict[str, Any]] | None = None) -> None:
         if stages is not None:
             self.stages = stages
-        fraction = 0.0
+        fraction = self.fraction
         if self.planned and name in self.planned:
-            fraction = self.planned.index(name) / max(1, len(self.planned) - 1)
+            fraction = max(fraction, self.planned.index(name) / max(1, len(self.planned) - 1))
+        self.fraction = fraction  # progress never goes backwards
         self.runner._schedule_update(self.op_id, stage=name, progress=fraction, stages=self.stages)
 
 

@@ -97,6 +97,12 @@ class AgentProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child)
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
         env["PYTHONUNBUFFERED"] = "1"
+        # Sessions inherit the agent's HOME: login shells on this host must not run the machine
+        # user's profile (pyenv rehash, cargo …) — slow, and a shell killed in the middle of a
+        # pyenv rehash leaves a lock that hangs every later login shell.
+        home = self.state_dir.parent / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(home)
         self.proc = subprocess.Popen(
             self.argv(),
             cwd=ROOT,
