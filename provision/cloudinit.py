@@ -93,6 +93,7 @@ class AgentBootstrap:
             "state_dir": "/var/lib/agentic-sandbox-agent",
             "seed_identity": True,
             "log_format": "text",
+            "default_user": "agent",  # sessions that name no user are the agent user's
             **self.extra_config,
         }
 

@@ -229,6 +229,39 @@ def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> No
     assert agents[COLD].get("certificate_serial") != agents[CLONE].get("certificate_serial")
 
 
+def test_killed_agent_is_restarted_by_systemd_and_comes_back(server: ServerProcess) -> None:
+    """kill -9 the agent inside the guest: systemd restarts it, the instance's agent goes
+    away (stale or disconnected) and comes back connected."""
+    sess = server.ok(
+        "POST",
+        "/api/v2/admin/sessions",
+        {
+            "instance_id": COLD,
+            "user": "root",
+            "command": [
+                "bash",
+                "-c",
+                "kill -9 $(systemctl show -p MainPID --value agentic-sandbox-agent.service)",
+            ],
+        },
+    )
+    assert sess["id"]
+    deadline = time.monotonic() + 60
+    seen_away = False
+    while time.monotonic() < deadline:
+        state = server.ok("GET", f"/api/v2/admin/agents/{COLD}")["state"]
+        if state != "connected":
+            seen_away = True
+            break
+        time.sleep(0.2)
+    assert seen_away, "the server never noticed the agent went away"
+    back = wait_agent(server, COLD, timeout=120)
+    print(f"agent back {back:.1f}s after the server noticed it was gone")
+    events = server.ok("GET", f"/api/v1/events?instance_id={COLD}&type=agent.*&limit=200")
+    kinds = [e["type"] for e in events["items"]]
+    assert kinds.count("agent.connected") >= 2, kinds
+
+
 def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess) -> None:
     http_port = server.http_port
     script = (

@@ -5,6 +5,7 @@ Real server subprocess; the test speaks gRPC to it directly (and starts real age
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from pathlib import Path
@@ -163,10 +164,13 @@ async def test_without_a_valid_client_certificate_there_is_no_link(
     creds = grpc.ssl_channel_credentials(root_certificates=server.ca_path.read_bytes())
     async with grpc.aio.secure_channel(server.enroll_target, creds, options=_options()) as ch:
         call = pb_grpc.AgentLinkStub(ch).Connect(timeout=5)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        # The server may end the call before our first write lands (then the write fails
+        # locally): the call's final status is what says why.
+        with contextlib.suppress(grpc.aio.AioRpcError):
             await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
             await call.read()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        code = await call.code()
+    assert code == grpc.StatusCode.UNAUTHENTICATED
 
     # A certificate naming the instance, but from another CA: the handshake fails.
     other_key = ec.generate_private_key(ec.SECP256R1())
