@@ -132,4 +132,4 @@ async def close_services(svc: Services) -> None:
 def token_file_message(path: Path | None, settings: Settings) -> str:
     if path is not None:
         return f"admin token written to {path} (mode 0600; shown nowhere else)"
-    return f"admin token: see {settings.effective_admin_token_file} (created on first start)"
+    return f"admin token: in {settings.effective_admin_token_file} (mode 0600, made on first start)"

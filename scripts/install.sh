@@ -48,11 +48,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="server,cli"
 [ "$want_test" = 1 ] && extras="server,cli,test"
-stamp=".venv/.installed-$extras-$(sha256sum pyproject.toml | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-  say "pip install -e .[$extras]"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+hash=$(sha256sum pyproject.toml | cut -c1-16)
+stamp=".venv/.installed-$extras-$hash"
+# A test install is a superset of the runtime one.
+if [ ! -f "$stamp" ] && [ ! -f ".venv/.installed-server,cli,test-$hash" ]; then
+  say "pip install -e .[$extras] (log: .venv/pip-install.log)"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e ".[$extras]"; } >.venv/pip-install.log 2>&1; then
+    tail -n 30 .venv/pip-install.log >&2
+    echo "pip install failed (full log: .venv/pip-install.log)" >&2
+    exit 1
+  fi
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
@@ -61,6 +67,7 @@ lock=broker/dashboard/package-lock.json
 dstamp="broker/dashboard/node_modules/.installed-$(sha256sum $lock | cut -c1-16)"
 if [ ! -f "$dstamp" ]; then
   say "npm ci (dashboard: xterm.js)"
-  (cd broker/dashboard && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  (cd broker/dashboard && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+    || { echo "npm ci failed in broker/dashboard" >&2; exit 1; }
   touch "$dstamp"
 fi

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/install.sh
 scripts/services.sh
 
+# People read this console: plain log lines unless asked for JSON (SANDBOX_LOG_FORMAT=json).
+export SANDBOX_LOG_FORMAT=${SANDBOX_LOG_FORMAT:-text}
 data_dir=${SANDBOX_DATA_DIR:-$([ "$(id -u)" = 0 ] && echo /var/lib/agentic-sandbox || echo "$HOME/.local/share/agentic-sandbox")}
 token_file="$data_dir/admin-token"
 (

@@ -92,7 +92,7 @@ def test_second_start_reuses_token_and_data(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
     assert (tmp_path / "data" / "admin-token").read_text() == first
-    assert b"admin token: see" in out
+    assert b"admin token: in " in out
 
 
 def test_unreachable_database_fails_startup_clearly(tmp_path: Path) -> None:
