@@ -73,6 +73,13 @@ def _seed_devices() -> list[str]:
     return found
 
 
+def unlock_cdrom_trays() -> None:
+    """Opening the CD-ROM to read the seed must not lock its tray: the host swaps the seed
+    (clones, warm-pool hand-offs) with a media change, which a locked tray delays."""
+    with contextlib.suppress(OSError):
+        Path("/proc/sys/dev/cdrom/lock").write_text("0\n")
+
+
 def seed_fingerprint() -> bytes | None:
     """A cheap fingerprint of the seed disk's first blocks, read past the page cache (O_DIRECT),
     to notice within a second that a restored guest was given a new seed."""

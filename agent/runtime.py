@@ -556,6 +556,7 @@ class AgentRuntime:
         warm-pool hand-off). Returns whether the identity changed."""
         if not self.cfg.seed_identity:
             return False
+        identity.unlock_cdrom_trays()
         self._seed_fp = await asyncio.to_thread(identity.seed_fingerprint)
         seed = await asyncio.to_thread(identity.read_seed)
         if seed is None or seed.instance_id == self.cfg.instance_id:

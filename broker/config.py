@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     max_instances_per_owner: int = Field(default=50, ge=1, le=100_000)
     max_concurrent_provisions: int = Field(default=4, ge=1, le=256)
     kvm_probe: bool = Field(default=True, description="probe KVM at start (else assume TCG)")
+    pool_refill_delay_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        le=3600,
+        description="wait after a warm-pool hand-off before restoring its replacement, so the "
+        "refill does not compete with the guest just handed out while it enrolls",
+    )
 
     # ---- agent link (gRPC) ----------------------------------------------------------------
     grpc_enroll_listen: str = Field(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -107,7 +108,11 @@ class FleetBase:
         self.events.emit(FleetEvent(kind=kind, **kw))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
+        # Background work (pool refills, restarts) must not report its steps to whoever
+        # happened to be observing stages when it was started.
+        ctx = contextvars.copy_context()
+        ctx.run(_stage_observer.set, None)
+        task = asyncio.get_running_loop().create_task(coro, context=ctx)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

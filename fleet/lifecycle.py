@@ -544,7 +544,9 @@ class LifecycleOps(FleetBase):
             cd = _cdrom_xml(xml, new_path)
             flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
             if await h.run(dom.isActive):
-                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+                # FORCE: eject even when the guest has the tray locked (a reader of the
+                # device holds it); the guest sees a media change either way.
+                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_DEVICE_MODIFY_FORCE
             await h.run(dom.updateDeviceFlags, cd, flags)
             record = e.record.model_copy(update={"seed": new_path})
             await h.run(save_record, dom, record)

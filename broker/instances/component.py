@@ -69,6 +69,7 @@ class FleetComponent:
                 data_dir=str(s.data_dir / "fleet"),
                 default_uri=s.libvirt_uri or "test:///default",
                 extra_agent_ports=(s.grpc_enroll_address[1],),
+                pool_refill_delay_s=s.pool_refill_delay_seconds,
             ),
             on_event=self._on_event,
             on_call=self._on_call,

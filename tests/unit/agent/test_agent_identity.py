@@ -56,6 +56,7 @@ async def test_a_new_seed_replaces_the_identity(
     refreshed: list[str] = []
     monkeypatch.setattr(identity, "read_seed", lambda: seed("web-7"))
     monkeypatch.setattr(identity, "seed_fingerprint", lambda: b"fp")
+    monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)  # not this host's
     monkeypatch.setattr(
         identity, "refresh_guest_identity", lambda s, **kw: refreshed.append(s.hostname)
     )
