@@ -335,8 +335,11 @@ def test_provision_vm_sh_without_a_server() -> None:
         gone = subprocess.run(
             [script, "e2e-direct", "--delete", *common], capture_output=True, text=True, timeout=120
         )
-        assert gone.returncode == 0, gone.stderr
+        leftovers = list((data / "fleet" / "instances").glob("*e2e-direct*"))
+        shutil.rmtree(data, ignore_errors=True)
+    assert gone.returncode == 0, gone.stderr
     assert domains_named("e2e-direct") == []
+    assert leftovers == [], leftovers
 
 
 def test_warm_pool_hand_off(server: ServerProcess) -> None:
