@@ -557,9 +557,12 @@ class AgentRuntime:
         if not self.cfg.seed_identity:
             return False
         identity.unlock_cdrom_trays()
-        self._seed_fp = await asyncio.to_thread(identity.seed_fingerprint)
+        fp = await asyncio.to_thread(identity.seed_fingerprint)
         seed = await asyncio.to_thread(identity.read_seed)
-        if seed is None or seed.instance_id == self.cfg.instance_id:
+        if seed is None:
+            return False
+        self._seed_fp = fp
+        if seed.instance_id == self.cfg.instance_id:
             return False
         log.warning(
             "this guest was restored as instance %s (was %s): taking on its identity",
@@ -611,8 +614,12 @@ class AgentRuntime:
             if fp is None or fp == self._seed_fp:
                 continue
             seed = await asyncio.to_thread(identity.read_seed)
+            if seed is None:
+                # The new medium is not readable yet (the guest is still taking the media
+                # change in): look again on the next tick rather than forget the change.
+                continue
             self._seed_fp = fp
-            if seed is not None and seed.instance_id != self.cfg.instance_id:
+            if seed.instance_id != self.cfg.instance_id:
                 log.warning("a new seed names instance %s: dropping the link", seed.instance_id)
                 self.identity_changed = True
                 self._seed_changed.set()

@@ -142,6 +142,9 @@ def main() -> int:
     finally:
         for iid in made:
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
+        status, pools = srv.api("GET", "/api/v2/admin/pools")
+        for pool in pools.get("items", []) if status == 200 else []:
+            srv.api("DELETE", f"/api/v2/admin/pools/{pool['key']}")
         srv.stop()
         shutil.rmtree(data, ignore_errors=True)
 
