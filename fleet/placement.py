@@ -63,10 +63,16 @@ def choose_host(hosts: Sequence[HostLoad], req: PlacementRequest) -> str:
 
     def score(h: HostLoad) -> tuple[float, ...]:
         same_group = h.groups.get(req.anti_affinity, 0) if req.anti_affinity else 0
-        mem_left = available_memory(h) - req.memory_mib
+        # Rank by what the fleet has committed, not by the free memory a host reports right
+        # now: that number moves with everything else on the machine (page cache, a guest
+        # that is still shutting down), so two samples taken a moment apart would make
+        # spreading a coin toss. Reported free memory is a hard limit above, and breaks ties.
+        mem_left = h.memory_capacity_mib - h.committed_memory_mib - req.memory_mib
         mem_frac = mem_left / max(h.memory_capacity_mib, 1)
         cpu_frac = (h.vcpu_capacity - h.committed_vcpus - req.vcpus) / max(h.vcpu_capacity, 1)
-        # fewer of the same group first, then the emptiest host, then fewest instances, name
-        return (same_group, -round(min(mem_frac, cpu_frac), 3), h.instances)
+        free_gib = available_memory(h) // 1024
+        # fewer of the same group first, then the emptiest host, then fewest instances, then
+        # the most memory really free (whole GiB, so noise does not decide), then the name
+        return (same_group, -round(min(mem_frac, cpu_frac), 3), h.instances, -free_gib)
 
     return min(fits, key=lambda h: (*score(h), h.name)).name

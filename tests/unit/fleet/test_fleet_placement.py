@@ -69,3 +69,25 @@ def test_pinned() -> None:
     assert choose_host(hosts, PlacementRequest(1, 512, pinned="b")) == "b"
     with pytest.raises(NoCapacity):
         choose_host(hosts, PlacementRequest(1, 512, pinned="zzz"))
+
+
+def test_spreading_follows_commitments_not_a_noisy_free_memory_sample() -> None:
+    # Both hosts share one machine: the busier one was sampled a moment later, after some
+    # memory had been freed, so it reports a little more free. The empty host still wins.
+    hosts = [
+        host("a", vcpu_capacity=64, free_memory_mib=7000),
+        host(
+            "b",
+            vcpu_capacity=64,
+            free_memory_mib=7300,
+            committed_memory_mib=512,
+            committed_vcpus=1,
+            instances=1,
+        ),
+    ]
+    assert choose_host(hosts, PlacementRequest(1, 512)) == "a"
+
+
+def test_free_memory_breaks_a_tie_between_equally_committed_hosts() -> None:
+    hosts = [host("a", free_memory_mib=3000), host("b", free_memory_mib=7000)]
+    assert choose_host(hosts, PlacementRequest(1, 512)) == "b"
