@@ -11,7 +11,7 @@ want_test=0
 RUNTIME_APT=(
   python3 python3-venv python3-dev gcc pkg-config
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev
-  debootstrap genisoimage e2fsprogs openssh-client nodejs npm ca-certificates
+  debootstrap genisoimage e2fsprogs openssh-client nodejs npm ca-certificates openssl
 )
 TEST_APT=(
   postgresql prometheus chromium busybox-static cpio linux-image-cloud-amd64 iproute2 util-linux

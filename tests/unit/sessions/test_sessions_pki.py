@@ -1,4 +1,4 @@
-"""Enrollment crypto: the agent's stdlib-only key and CSR, the server CA and its checks."""
+"""Enrollment crypto: the agent's key and CSR (made by openssl), the server CA and its checks."""
 
 from __future__ import annotations
 
@@ -21,25 +21,35 @@ from broker.agentlink.ca import (
 
 
 def test_agent_key_and_csr_are_standard(tmp_path: Path) -> None:
-    key = pki.KeyPair.generate()
-    assert pki.on_curve(*key.public)
-    csr = x509.load_pem_x509_csr(pki.csr_pem(key, "web-1"))
+    key_pem, csr_pem = pki.new_key_and_csr("web-1")
+    csr = x509.load_pem_x509_csr(csr_pem)
     assert csr.is_signature_valid
-    loaded = serialization.load_pem_private_key(key.private_pem(), password=None)
-    assert isinstance(loaded, ec.EllipticCurvePrivateKey)
-    assert loaded.public_key().public_numbers().x == key.public[0]
+    assert csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "web-1"
+    assert key_pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, what gRPC loads
+    loaded = serialization.load_pem_private_key(key_pem, password=None)
+    assert isinstance(loaded, ec.EllipticCurvePrivateKey) and loaded.curve.name == "secp256r1"
     pub = csr.public_key()
-    assert isinstance(pub, ec.EllipticCurvePublicKey) and pub.curve.name == "secp256r1"
+    assert isinstance(pub, ec.EllipticCurvePublicKey)
+    assert pub.public_numbers() == loaded.public_key().public_numbers()
+    assert pki.new_key_and_csr("web-1")[0] != key_pem  # a new key each time
     path = tmp_path / "k" / "agent.key"
-    pki.write_private(path, key.private_pem())
+    pki.write_private(path, key_pem)
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_agent_key_errors_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(pki.PkiError, match="common name"):
+        pki.new_key_and_csr("a/CN=evil")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(pki.PkiError, match="install openssl"):
+        pki.new_key_and_csr("web-1")
 
 
 def test_ca_issues_instance_certificates_from_any_csr_subject(tmp_path: Path) -> None:
     ca = CertificateAuthority(tmp_path / "ca")
     assert (tmp_path / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
-    key = pki.KeyPair.generate()
-    issued = ca.issue_agent(pki.csr_pem(key, "i-am-someone-else"), "web-1", dt.timedelta(hours=1))
+    _key, csr_pem = pki.new_key_and_csr("i-am-someone-else")
+    issued = ca.issue_agent(csr_pem, "web-1", dt.timedelta(hours=1))
     cert = x509.load_pem_x509_certificate(issued.pem)
     assert instance_from_certificate(cert) == "web-1"
     cert.verify_directly_issued_by(ca.certificate)
@@ -69,10 +79,8 @@ def test_ca_refuses_bad_requests(tmp_path: Path) -> None:
     with pytest.raises(CertificateError, match="2048"):
         ca.issue_agent(csr.public_bytes(serialization.Encoding.PEM), "web-1", dt.timedelta(1))
     with pytest.raises(CertificateError, match="instance id"):
-        ca.issue_agent(pki.csr_pem(pki.KeyPair.generate(), "x"), "Bad_Id", dt.timedelta(1))
+        ca.issue_agent(pki.new_key_and_csr("x")[1], "Bad_Id", dt.timedelta(1))
     other = CertificateAuthority(tmp_path / "other")
-    foreign = other.issue_agent(
-        pki.csr_pem(pki.KeyPair.generate(), "x"), "web-1", dt.timedelta(hours=1)
-    )
+    foreign = other.issue_agent(pki.new_key_and_csr("x")[1], "web-1", dt.timedelta(hours=1))
     with pytest.raises(CertificateError):
         ca.verify_issued(x509.load_pem_x509_certificate(foreign.pem))
