@@ -62,15 +62,23 @@ def _run(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 
 
 def _seed_devices() -> list[str]:
+    """Where the seed may be: the usual devices first (no process to start: this runs on every
+    seed change, inside an emulated guest), then whatever `blkid` finds labelled `cidata`."""
     found: list[str] = []
+    for dev in CANDIDATES:
+        real = os.path.realpath(dev)
+        if os.path.exists(real) and real not in found:
+            found.append(real)
+    return found
+
+
+def _blkid_seed_devices(skip: list[str]) -> list[str]:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         res = _run("blkid", "-L", SEED_LABEL, timeout=10)
-        if res.returncode == 0 and res.stdout.strip():
-            found.append(res.stdout.strip())
-    for dev in CANDIDATES:
-        if os.path.exists(dev) and dev not in found:
-            found.append(dev)
-    return found
+        dev = os.path.realpath(res.stdout.strip()) if res.returncode == 0 else ""
+        if dev and dev not in skip:
+            return [dev]
+    return []
 
 
 def unlock_cdrom_trays() -> None:
@@ -112,23 +120,34 @@ def read_seed() -> SeedIdentity | None:
     guest's page cache may still hold the previous seed's blocks)."""
     if os.geteuid() != 0:
         return None
-    for dev in _seed_devices():
-        real = os.path.realpath(dev)
-        _run("blockdev", "--flushbufs", real, timeout=10)
-        with tempfile.TemporaryDirectory(prefix="sbx-seed-") as mnt:
-            res = _run("mount", "-o", "ro", real, mnt, timeout=20)
-            if res.returncode != 0:
-                continue
-            try:
-                path = Path(mnt) / IDENTITY_FILE
-                if not path.exists():
-                    continue
-                return SeedIdentity.from_json(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("unreadable %s on %s: %s", IDENTITY_FILE, real, exc)
-            finally:
-                _run("umount", mnt, timeout=20)
+    tried = _seed_devices()
+    for real in tried:
+        seed = _read_seed_from(real)
+        if seed is not None:
+            return seed
+    for real in _blkid_seed_devices(tried):
+        seed = _read_seed_from(real)
+        if seed is not None:
+            return seed
     return None
+
+
+def _read_seed_from(real: str) -> SeedIdentity | None:
+    _run("blockdev", "--flushbufs", real, timeout=10)
+    with tempfile.TemporaryDirectory(prefix="sbx-seed-") as mnt:
+        res = _run("mount", "-o", "ro", real, mnt, timeout=20)
+        if res.returncode != 0:
+            return None
+        try:
+            path = Path(mnt) / IDENTITY_FILE
+            if not path.exists():
+                return None
+            return SeedIdentity.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("unreadable %s on %s: %s", IDENTITY_FILE, real, exc)
+            return None
+        finally:
+            _run("umount", mnt, timeout=20)
 
 
 def refresh_guest_identity(seed: SeedIdentity, *, ssh_keys: bool = True) -> None:

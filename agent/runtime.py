@@ -119,6 +119,8 @@ class AgentRuntime:
         self._seed_fp: bytes | None = None
         self._seed_changed = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
+        self._ssh_keys_due = False  # new SSH host keys owed to a taken-on identity
+        self._fresh_seed: tuple[bytes | None, identity.SeedIdentity] | None = None
         self.identity_changed = False
 
     # ================================================================= credentials
@@ -149,11 +151,11 @@ class AgentRuntime:
             and float(meta.get("not_after", 0)) > time.time() + 5
         )
 
-    def _store(self, key: pki.KeyPair, cert_pem: bytes, ca_pem: bytes, not_after: int) -> None:
+    def _store(self, key_pem: bytes, cert_pem: bytes, ca_pem: bytes, not_after: int) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(PermissionError):
             os.chmod(self.cfg.state_dir, 0o700)
-        pki.write_private(self.cfg.key_path, key.private_pem())
+        pki.write_private(self.cfg.key_path, key_pem)
         pki.write_private(self.cfg.cert_path, cert_pem)
         if ca_pem:
             pki.write_private(self.cfg.ca_path, ca_pem)
@@ -185,8 +187,10 @@ class AgentRuntime:
             raise EnrollmentFailed(
                 "not enrolled and no enrollment token (set enrollment_token_file)"
             )
-        key = pki.KeyPair.generate()
-        csr = pki.csr_pem(key, self.cfg.instance_id)
+        try:
+            key, csr = await asyncio.to_thread(pki.new_key_and_csr, self.cfg.instance_id)
+        except pki.PkiError as exc:
+            raise EnrollmentFailed(str(exc)) from None
         channel = self._channel(self.cfg.enroll_server, with_client_cert=False)
         try:
             stub = pb_grpc.AgentLinkStub(channel)
@@ -208,8 +212,7 @@ class AgentRuntime:
         )
 
     async def renew(self) -> None:
-        key = pki.KeyPair.generate()
-        csr = pki.csr_pem(key, self.cfg.instance_id)
+        key, csr = await asyncio.to_thread(pki.new_key_and_csr, self.cfg.instance_id)
         # Over the live link when there is one: an isolated guest reaches the link port through
         # a single forwarded connection.
         live = self._live_channel
@@ -512,6 +515,7 @@ class AgentRuntime:
             self.connected = True
             self._live_channel = channel
             self.backoff.reset()
+            self._refresh_ssh_keys_if_due()
             log.info(
                 "connected to %s as instance %s (%d sessions)",
                 self.cfg.server,
@@ -557,10 +561,14 @@ class AgentRuntime:
         if not self.cfg.seed_identity:
             return False
         identity.unlock_cdrom_trays()
-        fp = await asyncio.to_thread(identity.seed_fingerprint)
-        seed = await asyncio.to_thread(identity.read_seed)
-        if seed is None:
-            return False
+        if self._fresh_seed is not None:  # just read by the seed watcher: not again
+            (fp, seed), self._fresh_seed = self._fresh_seed, None
+        else:
+            fp = await asyncio.to_thread(identity.seed_fingerprint)
+            found = await asyncio.to_thread(identity.read_seed)
+            if found is None:
+                return False
+            seed = found
         self._seed_fp = fp
         if seed.instance_id == self.cfg.instance_id:
             return False
@@ -577,10 +585,10 @@ class AgentRuntime:
             with contextlib.suppress(OSError):
                 path.unlink()
         await asyncio.to_thread(identity.refresh_guest_identity, seed, ssh_keys=False)
-        # SSH host keys take a while under emulation and do not gate the link: in the background.
-        self._background.add(
-            asyncio.ensure_future(asyncio.to_thread(identity.refresh_ssh_host_keys))
-        )
+        # SSH host keys take a while under emulation and do not gate the link: made in the
+        # background once the link is up (or the agent waits anyway), not competing with the
+        # enrollment's handshakes for the guest's CPU.
+        self._ssh_keys_due = True
         if time.time() < seed.issued_at:  # the saved guest's clock lags: at least the seed's time
             identity.step_clock(seed.issued_at, tolerance=0.0)
         self.cfg.instance_id = seed.instance_id
@@ -621,6 +629,7 @@ class AgentRuntime:
             self._seed_fp = fp
             if seed.instance_id != self.cfg.instance_id:
                 log.warning("a new seed names instance %s: dropping the link", seed.instance_id)
+                self._fresh_seed = (fp, seed)
                 self.identity_changed = True
                 self._seed_changed.set()
                 if self._call is not None:
@@ -628,9 +637,17 @@ class AgentRuntime:
                 elif self._connecting is not None:
                     self._connecting.cancel()
 
+    def _refresh_ssh_keys_if_due(self) -> None:
+        if self._ssh_keys_due:
+            self._ssh_keys_due = False
+            task = asyncio.ensure_future(asyncio.to_thread(identity.refresh_ssh_host_keys))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
     async def _pause(self, delay: float) -> None:
         """Back off for `delay` seconds, or until a new seed arrives (a warm-pool hand-off
         must not wait out a long backoff)."""
+        self._refresh_ssh_keys_if_due()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._seed_changed.wait(), delay)
         self._seed_changed.clear()

@@ -64,6 +64,8 @@ async def test_a_new_seed_replaces_the_identity(
     monkeypatch.setattr(identity, "refresh_ssh_host_keys", lambda: refreshed.append("ssh"))
 
     assert await rt.adopt_seed_identity() is True
+    assert refreshed == ["web-7"]  # SSH host keys wait for the link (or a backoff)
+    rt._refresh_ssh_keys_if_due()
     await asyncio.gather(*rt._background)
     assert refreshed == ["web-7", "ssh"]
     assert rt.cfg.instance_id == "web-7" and rt.cfg.server == "10.0.2.2:9120"
@@ -99,3 +101,39 @@ def test_seed_identity_parses_the_provisioners_file() -> None:
         {"instance_id": "a-1", "server": "10.0.2.2:1", "enrollment_token": "t", "ca_pem": "c"}
     )
     assert s.hostname == "a-1" and s.enroll_server == "" and s.issued_at == 0.0
+
+
+async def test_a_seed_change_is_read_once_by_the_watcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher notices the new seed and the identity switch uses what it read: inside an
+    emulated guest every extra mount costs a hand-off time."""
+    from agent import runtime as runtime_mod
+
+    rt = runtime(tmp_path)
+    reads: list[str] = []
+    fingerprint = [b"old"]
+
+    def read() -> identity.SeedIdentity:
+        reads.append("read")
+        return seed("golden-1" if fingerprint[0] == b"old" else "web-9")
+
+    monkeypatch.setattr(runtime_mod, "SEED_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(identity, "read_seed", read)
+    monkeypatch.setattr(identity, "seed_fingerprint", lambda: fingerprint[0])
+    monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
+    monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
+    rt._seed_changed = asyncio.Event()
+    assert await rt.adopt_seed_identity() is False  # our own seed
+    watcher = asyncio.create_task(rt._watch_seed())
+    try:
+        await asyncio.sleep(0.05)
+        assert reads == ["read"] and not rt.identity_changed  # unchanged: fingerprint only
+        fingerprint[0] = b"new"
+        await asyncio.wait_for(rt._seed_changed.wait(), 5)
+        assert rt.identity_changed
+        assert await rt.adopt_seed_identity() is True
+        assert rt.cfg.instance_id == "web-9"
+        assert reads == ["read", "read"]  # the switch did not mount the seed again
+    finally:
+        watcher.cancel()
