@@ -28,6 +28,7 @@ AGENT_VENV = f"{AGENT_HOME}/venv"
 AGENT_ETC = "/etc/agentic-sandbox"
 AGENT_CONFIG = f"{AGENT_ETC}/agent.toml"
 AGENT_UNIT = "agentic-sandbox-agent.service"
+AGENT_INSTALL = "/usr/local/sbin/agentic-sandbox-install-agent"
 GUEST_ADDRESS = "10.0.2.15/24"  # QEMU user-mode networking's guest address
 HOST_ALIAS = "10.0.2.2"  # QEMU user-mode networking's alias for the host's loopback
 RUNTIME_REQUIREMENTS = ("grpcio", "protobuf", "ptyprocess")
@@ -112,6 +113,36 @@ class AgentBootstrap:
 
 def _stage(name: str) -> list[str]:
     return ["sh", "-c", f"echo '{MARKER} {name}' > /dev/ttyS0 2>/dev/null || true"]
+
+
+def agent_install_script(runtime_baked: bool) -> str:
+    """Unpack the agent bundle and start the agent, once per instance. Whichever of its two
+    callers comes first does the work (the early start after cloud-init's network stage, or
+    `runcmd` at the end of cloud-init); a lock keeps them from overlapping."""
+    venv = (
+        ""
+        if runtime_baked
+        else f"""  stage agent-runtime
+  python3 -m venv {AGENT_VENV}
+  {AGENT_VENV}/bin/pip install --quiet {" ".join(RUNTIME_REQUIREMENTS)}
+"""
+    )
+    return f"""#!/bin/sh
+# agentic-sandbox: unpack the agent bundle and start the agent (once per instance).
+set -eu
+exec 9>/run/agentic-sandbox-install-agent.lock
+flock 9
+stage() {{ echo "{MARKER} $1" >> /dev/ttyS0 2>/dev/null || true; }}
+if [ ! -e {AGENT_APP}/.installed ]; then
+  stage agent-install
+  mkdir -p {AGENT_APP}
+  tar -xzf {AGENT_HOME}/agent-bundle.tar.gz -C {AGENT_APP}
+{venv}  systemctl daemon-reload
+  systemctl enable --now {AGENT_UNIT}
+  touch {AGENT_APP}/.installed
+  stage agent-started
+fi
+"""
 
 
 def agent_unit(python: str) -> str:
@@ -213,16 +244,28 @@ def render_user_data(
     if loadout.sudo:
         user["sudo"] = "ALL=(ALL) NOPASSWD:ALL"
 
-    runcmd: list[list[str]] = [_stage("agent-install")]
-    runcmd.append(["mkdir", "-p", AGENT_APP])
-    runcmd.append(["tar", "-xzf", f"{AGENT_HOME}/agent-bundle.tar.gz", "-C", AGENT_APP])
-    if not bootstrap.runtime_baked:
-        runcmd.append(_stage("agent-runtime"))
-        runcmd.append(["python3", "-m", "venv", AGENT_VENV])
-        runcmd.append([f"{AGENT_VENV}/bin/pip", "install", "--quiet", *RUNTIME_REQUIREMENTS])
-    runcmd.append(["systemctl", "daemon-reload"])
-    runcmd.append(["systemctl", "enable", "--now", AGENT_UNIT])
-    runcmd.append(_stage("agent-started"))
+    write_files.append(
+        {
+            "path": AGENT_INSTALL,
+            "content": agent_install_script(bootstrap.runtime_baked),
+            "permissions": "0755",
+        }
+    )
+    # The agent starts as soon as cloud-init's network stage has written its files, while
+    # cloud-init's config and final stages (about 25 s of a TCG guest's boot) go on beside it —
+    # unless the loadout installs packages (they come first) or the runtime is not baked in.
+    bootcmd: list[list[str]] = []
+    if early_agent_start(loadout, bootstrap.runtime_baked):
+        once = ["cloud-init-per", "instance", "agentic-sandbox-agent-early"]
+        later = [  # not waited for: cloud-init's network stage is running this very command
+            "systemd-run",
+            "--no-block",
+            "--unit=agentic-sandbox-install-agent",
+            "--description=agentic-sandbox: install and start the agent",
+            "--property=After=cloud-init.service",
+        ]
+        bootcmd.append([*once, *later, "/bin/sh", AGENT_INSTALL])
+    runcmd: list[list[str]] = [["/bin/sh", AGENT_INSTALL]]
     for cmd in loadout.runcmd:
         runcmd.append(list(cmd))
     runcmd.append(_stage("loadout-applied"))
@@ -236,6 +279,7 @@ def render_user_data(
         "disable_root": True,
         "users": [user],
         "write_files": write_files,
+        **({"bootcmd": bootcmd} if bootcmd else {}),
         "runcmd": runcmd,
         "final_message": f"{MARKER} cloud-init-done after $UPTIME s",
     }
@@ -247,16 +291,28 @@ def render_user_data(
     )
 
 
+def early_agent_start(loadout: Loadout, runtime_baked: bool) -> bool:
+    """Whether the agent may start before cloud-init's last stage: not when the loadout's
+    packages (installed in that stage) must come first, nor when the runtime is pip-installed."""
+    return runtime_baked and not loadout.packages
+
+
 def render_meta_data(instance_id: str, hostname: str) -> str:
     return yaml.safe_dump({"instance-id": instance_id, "local-hostname": hostname}, sort_keys=False)
 
 
 def render_network_config(mode: Literal["static", "dhcp"]) -> str:
     """Static: the user-mode address with no default route and no DNS (the only reachable place
-    is the host alias on-link). DHCP: ordinary user-mode NAT."""
+    is the host alias on-link). DHCP: ordinary user-mode NAT.
+
+    Static links also refuse IPv6 router advertisements: no router may hand the guest a route.
+    (cloud-init 22.4 renders `accept-ra` only for DHCPv6 links, so the image carries the same
+    setting as a networkd drop-in; see `images.rootfs.NO_RA_DROPIN`.)"""
     eth: dict[str, Any] = {"match": {"name": "e*"}}
     if mode == "static":
-        eth.update({"addresses": [GUEST_ADDRESS], "dhcp4": False, "dhcp6": False})
+        eth.update(
+            {"addresses": [GUEST_ADDRESS], "dhcp4": False, "dhcp6": False, "accept-ra": False}
+        )
     else:
         eth.update({"dhcp4": True})
     return yaml.safe_dump({"version": 2, "ethernets": {"eth0": eth}}, sort_keys=False)

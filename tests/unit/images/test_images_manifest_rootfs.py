@@ -190,6 +190,10 @@ def test_customize_and_seal_a_tree(tmp_path: Path) -> None:
         "ssh-keygen"
         in (root / "etc/systemd/system/ssh.service.d/10-agentic-host-keys.conf").read_text()
     )
+    # no IPv6 router advertisements on the network file cloud-init will write (no ~12 s wait)
+    no_ra = root / "etc/systemd/network/10-cloud-init-eth0.network.d/90-agentic-no-ra.conf"
+    assert "\nIPv6AcceptRA=no\n" in no_ra.read_text()
+    assert "net.ifnames=0" in recipe.disk.kernel_args  # so that the network file is eth0's
     # caches and state out
     assert not (root / "var/lib/cloud").exists()
     assert list((root / "var/cache/apt/archives").iterdir()) == []

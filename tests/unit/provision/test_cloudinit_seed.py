@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
 import tomllib
 from pathlib import Path
@@ -13,8 +14,13 @@ import yaml
 from provision import load_catalog, read_seed_iso, write_seed_iso
 from provision.cloudinit import (
     AGENT_CONFIG,
+    AGENT_HOME,
+    AGENT_INSTALL,
+    AGENT_UNIT,
     AgentBootstrap,
     agent_bundle,
+    agent_install_script,
+    early_agent_start,
     render_meta_data,
     render_network_config,
     render_user_data,
@@ -54,8 +60,56 @@ def test_user_data_installs_and_configures_the_agent() -> None:
     assert user["name"] == "agent" and user["ssh_authorized_keys"] == [KEY]
     assert user["sudo"] == "ALL=(ALL) NOPASSWD:ALL"  # dev has sudo
     assert doc["packages"] == lo.packages
-    assert ["systemctl", "enable", "--now", "agentic-sandbox-agent.service"] in doc["runcmd"]
+    install = files[AGENT_INSTALL]
+    assert install["permissions"] == "0755"
+    assert "systemctl enable --now agentic-sandbox-agent.service" in install["content"]
+    assert doc["runcmd"][0] == ["/bin/sh", AGENT_INSTALL]
+    assert "bootcmd" not in doc  # dev installs packages: the agent starts after them
     assert files["/home/agent/.tmux.conf"]["owner"] == "agent:agent"
+
+
+def test_agent_starts_early_unless_packages_or_a_runtime_come_first() -> None:
+    minimal = load_catalog().resolve("minimal")
+    doc = yaml.safe_load(
+        render_user_data(hostname="vm-1", loadout=minimal, bootstrap=bootstrap(), ssh_keys=[])
+    )
+    (early,) = doc["bootcmd"]
+    # once per instance, not waited for (cloud-init is still running), after its network stage
+    assert early[:3] == ["cloud-init-per", "instance", "agentic-sandbox-agent-early"]
+    assert "--no-block" in early and "--property=After=cloud-init.service" in early
+    assert early[-2:] == ["/bin/sh", AGENT_INSTALL]
+    assert doc["runcmd"][0] == ["/bin/sh", AGENT_INSTALL]  # and again at the end: a no-op then
+    assert early_agent_start(minimal, runtime_baked=True)
+    assert not early_agent_start(minimal, runtime_baked=False)
+    assert not early_agent_start(load_catalog().resolve("dev"), runtime_baked=True)
+
+
+def test_agent_install_script_runs_once_under_a_lock(tmp_path: Path) -> None:
+    """Run the real script (its guest paths moved under tmp_path, systemctl recorded): the
+    first call unpacks and starts the agent, the second finds it done."""
+    script = agent_install_script(runtime_baked=True)
+    assert "pip install" not in script and "pip install" in agent_install_script(False)
+    assert script.index("flock 9") < script.index("tar -xzf")
+    home, bin_dir = tmp_path / "opt", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    (home / "agent-bundle.tar.gz").write_bytes(agent_bundle())
+    calls = tmp_path / "systemctl.calls"
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    moved = (
+        script.replace(AGENT_HOME, str(home))
+        .replace("/run/", f"{tmp_path}/")
+        .replace("/dev/ttyS0", str(tmp_path / "console"))
+    )
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    for _ in range(2):
+        res = subprocess.run(["sh", "-c", moved], env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+    assert (home / "app" / "agent" / "runtime.py").exists()
+    assert calls.read_text().splitlines() == ["daemon-reload", f"enable --now {AGENT_UNIT}"]
+    console = (tmp_path / "console").read_text()
+    assert console.count("agent-install") == 1 and console.count("agent-started") == 1
 
 
 def test_the_bundle_holds_the_agent_and_proto_packages() -> None:
@@ -79,6 +133,7 @@ def test_network_config_static_has_no_route_and_no_dns() -> None:
     eth = static["ethernets"]["eth0"]
     assert eth["addresses"] == ["10.0.2.15/24"] and eth["dhcp4"] is False
     assert "routes" not in eth and "gateway4" not in eth and "nameservers" not in eth
+    assert eth["accept-ra"] is False  # no IPv6 router either (and no 12 s wait for one)
     assert yaml.safe_load(render_network_config("dhcp"))["ethernets"]["eth0"]["dhcp4"] is True
     assert yaml.safe_load(render_meta_data("vm-1", "vm-1")) == {
         "instance-id": "vm-1",
