@@ -137,8 +137,9 @@ if [ ! -e {AGENT_APP}/.installed ]; then
   stage agent-install
   mkdir -p {AGENT_APP}
   tar -xzf {AGENT_HOME}/agent-bundle.tar.gz -C {AGENT_APP}
-{venv}  systemctl daemon-reload
-  systemctl enable --now {AGENT_UNIT}
+{venv}  # start first (systemd loads a unit it has not seen on demand; no reload), enable after
+  systemctl start {AGENT_UNIT} || {{ systemctl daemon-reload && systemctl start {AGENT_UNIT}; }}
+  systemctl enable --quiet --no-reload {AGENT_UNIT}
   touch {AGENT_APP}/.installed
   stage agent-started
 fi
@@ -275,7 +276,8 @@ def render_user_data(
         "fqdn": hostname,
         "manage_etc_hosts": True,
         "locale": "C.UTF-8",
-        "ssh_pwauth": False,
+        # no `ssh_pwauth`: the image already refuses password logins (and no account here has
+        # a password); setting it makes cloud-init restart sshd during boot
         "disable_root": True,
         "users": [user],
         "write_files": write_files,

@@ -194,6 +194,9 @@ def test_customize_and_seal_a_tree(tmp_path: Path) -> None:
     no_ra = root / "etc/systemd/network/10-cloud-init-eth0.network.d/90-agentic-no-ra.conf"
     assert "\nIPv6AcceptRA=no\n" in no_ra.read_text()
     assert "net.ifnames=0" in recipe.disk.kernel_args  # so that the network file is eth0's
+    sshd = (root / "etc/ssh/sshd_config.d/10-agentic-keys-only.conf").read_text()
+    assert "PasswordAuthentication no" in sshd
+    assert cfg["grub_dpkg"] == {"enabled": False}
     # caches and state out
     assert not (root / "var/lib/cloud").exists()
     assert list((root / "var/cache/apt/archives").iterdir()) == []

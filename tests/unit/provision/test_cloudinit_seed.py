@@ -62,7 +62,7 @@ def test_user_data_installs_and_configures_the_agent() -> None:
     assert doc["packages"] == lo.packages
     install = files[AGENT_INSTALL]
     assert install["permissions"] == "0755"
-    assert "systemctl enable --now agentic-sandbox-agent.service" in install["content"]
+    assert "systemctl start agentic-sandbox-agent.service" in install["content"]
     assert doc["runcmd"][0] == ["/bin/sh", AGENT_INSTALL]
     assert "bootcmd" not in doc  # dev installs packages: the agent starts after them
     assert files["/home/agent/.tmux.conf"]["owner"] == "agent:agent"
@@ -107,7 +107,10 @@ def test_agent_install_script_runs_once_under_a_lock(tmp_path: Path) -> None:
         res = subprocess.run(["sh", "-c", moved], env=env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
     assert (home / "app" / "agent" / "runtime.py").exists()
-    assert calls.read_text().splitlines() == ["daemon-reload", f"enable --now {AGENT_UNIT}"]
+    assert calls.read_text().splitlines() == [
+        f"start {AGENT_UNIT}",
+        f"enable --quiet --no-reload {AGENT_UNIT}",
+    ]
     console = (tmp_path / "console").read_text()
     assert console.count("agent-install") == 1 and console.count("agent-started") == 1
 
