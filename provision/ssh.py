@@ -12,9 +12,12 @@ from pathlib import Path
 
 import asyncssh
 
+# --merge: a clone's agent gives the guest a new machine-id, while journald keeps writing under
+# the old one; plain journalctl would then say "No journal files were found".
 DIAGNOSE_COMMAND = (
     "echo '## agent unit'; systemctl --no-pager --lines=0 status agentic-sandbox-agent.service; "
-    "echo '## agent journal'; journalctl --no-pager -n 80 -u agentic-sandbox-agent.service; "
+    "echo '## agent journal'; "
+    "journalctl --merge --no-pager -n 80 -u agentic-sandbox-agent.service; "
     "echo '## cloud-init'; cloud-init status --long 2>&1 | tail -n 20"
 )
 
