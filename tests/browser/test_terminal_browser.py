@@ -9,42 +9,22 @@ Opt out only explicitly: SANDBOX_SKIP_TIERS=browser (documented in the README).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.browser.browser_support import ARTIFACTS, launch, require_browser
 from tests.support.agents import start_agent
 from tests.support.fixtures import TEST_SERVER_ENV
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-
-
-def _require_browser() -> None:
-    if "browser" in os.environ.get("SANDBOX_SKIP_TIERS", "").split(","):
-        pytest.skip("browser tier opted out with SANDBOX_SKIP_TIERS=browser")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (or opt out explicitly)")
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
-    _require_browser()
+    require_browser()
     tmp = tmp_path_factory.mktemp("browser")
     server = ServerProcess(tmp / "server", env=dict(TEST_SERVER_ENV)).start()
     agent = None
@@ -92,7 +72,7 @@ def test_attach_type_observe_take_control_and_reconnect(world: tuple[ServerProce
     server, sid = world
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = launch(pw)
         try:
             ctl_ctx = browser.new_context(viewport={"width": 1200, "height": 900})
             obs_ctx = browser.new_context(viewport={"width": 1200, "height": 900})
