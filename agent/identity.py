@@ -21,6 +21,7 @@ import secrets
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,24 +62,21 @@ def _run(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _seed_devices() -> list[str]:
+def _seed_devices() -> Iterator[str]:
     """Where the seed may be: the usual devices first (no process to start: this runs on every
-    seed change, inside an emulated guest), then whatever `blkid` finds labelled `cidata`."""
-    found: list[str] = []
+    seed change, inside an emulated guest), then, only if none of them held it, whatever `blkid`
+    finds labelled `cidata`."""
+    seen: list[str] = []
     for dev in CANDIDATES:
         real = os.path.realpath(dev)
-        if os.path.exists(real) and real not in found:
-            found.append(real)
-    return found
-
-
-def _blkid_seed_devices(skip: list[str]) -> list[str]:
+        if os.path.exists(real) and real not in seen:
+            seen.append(real)
+            yield real
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         res = _run("blkid", "-L", SEED_LABEL, timeout=10)
         dev = os.path.realpath(res.stdout.strip()) if res.returncode == 0 else ""
-        if dev and dev not in skip:
-            return [dev]
-    return []
+        if dev and dev not in seen:
+            yield dev
 
 
 def unlock_cdrom_trays() -> None:
@@ -120,12 +118,7 @@ def read_seed() -> SeedIdentity | None:
     guest's page cache may still hold the previous seed's blocks)."""
     if os.geteuid() != 0:
         return None
-    tried = _seed_devices()
-    for real in tried:
-        seed = _read_seed_from(real)
-        if seed is not None:
-            return seed
-    for real in _blkid_seed_devices(tried):
+    for real in _seed_devices():  # lazily: blkid runs only when the usual devices fail
         seed = _read_seed_from(real)
         if seed is not None:
             return seed
