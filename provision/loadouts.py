@@ -238,8 +238,10 @@ class LoadoutCatalog:
         current: str | None = name
         while current is not None:
             if current not in self._raw:
-                origin = chain[-1][1] if chain else "request"
-                raise LoadoutError(f"{origin}: extends: unknown loadout {current!r}")
+                if not chain:  # the name asked for, not a parent
+                    known = ", ".join(self.names())
+                    raise LoadoutError(f"unknown loadout {current!r} (known: {known})")
+                raise LoadoutError(f"{chain[-1][1]}: extends: unknown loadout {current!r}")
             if any(c[0].get("name") == current for c in chain) or len(chain) > MAX_DEPTH:
                 raise LoadoutError(
                     f"{self._raw[name][1]}: extends: cycle or too deep at {current!r}"

@@ -84,6 +84,14 @@ def test_extends_cycle_is_refused() -> None:
         c.resolve("a")
 
 
+def test_an_unknown_loadout_is_named_with_the_known_ones() -> None:
+    with pytest.raises(LoadoutError) as ei:
+        load_catalog().resolve("nosuch")
+    msg = str(ei.value)
+    assert msg.startswith("unknown loadout 'nosuch' (known: ") and "minimal" in msg
+    assert "extends" not in msg  # the user asked for it; no parent is involved
+
+
 def test_yaml_errors_are_clear() -> None:
     with pytest.raises(LoadoutError, match="not valid YAML"):
         LoadoutCatalog([]).add_yaml("name: [unclosed", "bad.yaml")
