@@ -13,4 +13,4 @@ if [ ! -x "$py" ]; then
   exit 2
 fi
 cd "$root"
-exec "$py" -m provision "$@"
+exec "$py" -m agentic_sandbox.provision "$@"

@@ -46,15 +46,19 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-extras="server,cli"
-[ "$want_test" = 1 ] && extras="server,cli,test"
-hash=$(sha256sum pyproject.toml | cut -c1-16)
-stamp=".venv/.installed-$extras-$hash"
+# Dependencies come from the committed locks (exact versions with hashes: nothing upstream enters
+# until tools/lock.sh bumps it); the project itself is installed on top, without dependencies.
+lockfile=requirements/server.txt
+[ "$want_test" = 1 ] && lockfile=requirements/test.txt
+hash=$(cat pyproject.toml "$lockfile" | sha256sum | cut -c1-16)
+stamp=".venv/.installed-$(basename "$lockfile" .txt)-$hash"
 # A test install is a superset of the runtime one.
-if [ ! -f "$stamp" ] && [ ! -f ".venv/.installed-server,cli,test-$hash" ]; then
-  say "pip install -e .[$extras] (log: .venv/pip-install.log)"
-  if ! { .venv/bin/python -m pip install --upgrade pip \
-         && .venv/bin/python -m pip install -e ".[$extras]"; } >.venv/pip-install.log 2>&1; then
+test_stamp=".venv/.installed-test-$(cat pyproject.toml requirements/test.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ] && [ ! -f "$test_stamp" ]; then
+  say "pip install -r $lockfile, then the project (log: .venv/pip-install.log)"
+  if ! { .venv/bin/python -m pip install --require-hashes --no-deps -r "$lockfile" \
+         && .venv/bin/python -m pip install --no-deps --no-build-isolation -e .; } \
+       >.venv/pip-install.log 2>&1; then
     tail -n 30 .venv/pip-install.log >&2
     echo "pip install failed (full log: .venv/pip-install.log)" >&2
     exit 1
@@ -63,11 +67,20 @@ if [ ! -f "$stamp" ] && [ ! -f ".venv/.installed-server,cli,test-$hash" ]; then
   touch "$stamp"
 fi
 
-lock=broker/dashboard/package-lock.json
-dstamp="broker/dashboard/node_modules/.installed-$(sha256sum $lock | cut -c1-16)"
+dash=agentic_sandbox/broker/dashboard
+dstamp="$dash/node_modules/.installed-$(sha256sum $dash/package-lock.json | cut -c1-16)"
 if [ ! -f "$dstamp" ]; then
   say "npm ci (dashboard: xterm.js)"
-  (cd broker/dashboard && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
-    || { echo "npm ci failed in broker/dashboard" >&2; exit 1; }
+  (cd $dash && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+    || { echo "npm ci failed in $dash" >&2; exit 1; }
   touch "$dstamp"
+fi
+# The files the page loads, copied where the package data (and so a wheel) has them.
+vendor=$dash/vendor
+if [ ! -f "$vendor/.from-$(basename "$dstamp")" ]; then
+  rm -rf "$vendor.tmp" && mkdir -p "$vendor.tmp/xterm" "$vendor.tmp/xterm-addon-fit"
+  cp -r $dash/node_modules/@xterm/xterm/{lib,css,LICENSE} "$vendor.tmp/xterm/"
+  cp -r $dash/node_modules/@xterm/addon-fit/{lib,LICENSE} "$vendor.tmp/xterm-addon-fit/"
+  touch "$vendor.tmp/.from-$(basename "$dstamp")"
+  rm -rf "$vendor" && mv "$vendor.tmp" "$vendor"
 fi

@@ -24,7 +24,7 @@ run_pytest() { $PY -m pytest -q -rfE --durations=10 ${PYTEST_ARGS:-} "$@"; }
 
 tier_lint() {
   .venv/bin/ruff check . && .venv/bin/ruff format --check . \
-    && .venv/bin/mypy fleet images provision agent broker sandboxctl \
+    && .venv/bin/mypy agentic_sandbox \
     && .venv/bin/lint-imports
 }
 tier_unit() { run_pytest tests/unit; }

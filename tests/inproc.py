@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.app import Component
-from broker.config import Settings
-from broker.server import Server
-from broker.services import Services
+from agentic_sandbox.broker.app import Component
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.server import Server
+from agentic_sandbox.broker.services import Services
 
 
 def free_port() -> int:
@@ -65,6 +65,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "http_listen": f"127.0.0.1:{free_port()}",
         "grpc_listen": f"127.0.0.1:{free_port()}",
         "grpc_enroll_listen": f"127.0.0.1:{free_port()}",
+        "metrics_listen": f"127.0.0.1:{free_port()}",
         "libvirt_uri": "",
         "log_format": "json",
         "max_body_bytes": 64 * 1024,

@@ -15,7 +15,7 @@ from pathlib import Path
 from alembic import command
 from sqlalchemy.engine import Connection
 
-from broker.store.db import Database, alembic_config
+from agentic_sandbox.broker.store.db import Database, alembic_config
 
 
 async def main(message: str) -> None:

@@ -43,7 +43,7 @@ import libvirt  # noqa: E402
 from fleet_support import tiny_guest  # noqa: E402
 from fleet_support.daemons import MAIN_URI, ensure_main_libvirtd  # noqa: E402
 
-from fleet import (  # noqa: E402
+from agentic_sandbox.fleet import (  # noqa: E402
     CloneSpec,
     EgressPolicy,
     Fleet,
@@ -54,7 +54,7 @@ from fleet import (  # noqa: E402
     KernelBoot,
     Resources,
 )
-from fleet.domain_xml import DomainConfig, KernelPaths, NetConfig, build_domain_xml  # noqa: E402
+from agentic_sandbox.fleet.domain_xml import DomainConfig, KernelPaths, NetConfig, build_domain_xml  # noqa: E402
 
 TICK = re.compile(rb"SBX-(TICK \d+|BOOT-MARKER)")
 TARGETS = {

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests/e2e/images"))
 
-from images import BuiltImage, ImageBuilder  # noqa: E402
-from images.mounts import remove_tree  # noqa: E402
+from agentic_sandbox.images import BuiltImage, ImageBuilder  # noqa: E402
+from agentic_sandbox.images.mounts import remove_tree  # noqa: E402
 
 CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
 RECIPE = "debian-12-agent"

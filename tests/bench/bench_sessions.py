@@ -392,8 +392,8 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from proto import agent_pb2 as pb
-    from proto import agent_pb2_grpc as pb_grpc
+    from agentic_sandbox.proto import agent_pb2 as pb
+    from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
     server = ServerProcess(
         tmp / "agents-server",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from images import ImageStore
+from agentic_sandbox.images import ImageStore
 from tests.browser.browser_support import (
     PageErrors,
     assert_csp_in_force,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet import Fleet, FleetEvent
+from agentic_sandbox.fleet import Fleet, FleetEvent
 
 from .testdriver import Faults
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import libvirt
 
-from fleet import (
+from agentic_sandbox.fleet import (
     EgressPolicy,
     Fleet,
     FleetEvent,

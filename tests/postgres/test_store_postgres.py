@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.store import Database
+from agentic_sandbox.broker.store import Database
 from tests.inproc import make_settings, start_server
 from tests.integration.foundation.test_migrations import check_models_match, check_up_down
 

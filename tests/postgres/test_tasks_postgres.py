@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker.tasks import TaskFilter, TaskState
+from agentic_sandbox.broker.tasks import TaskFilter, TaskState
 from tests.unit.a2a.conftest import ALICE, running_env, settings_for
 from tests.unit.a2a.fakes import FakeSessions
 
@@ -37,7 +37,7 @@ async def test_tasks_on_postgres(pg_url: str, tmp_path: Path) -> None:
             TaskFilter(owner="alice"), page_size=1, page_token=page.next_token
         )
         assert {records[0].id, rest[0].id} == {first.id, queued.id} and page2.next_token == ""
-        from broker.tasks.service import PushRequest
+        from agentic_sandbox.broker.tasks.service import PushRequest
 
         view = await e.tasks.put_push_config(
             await e.tasks.get(queued.id, ALICE), PushRequest(url="http://127.0.0.1:9/x", token="t")

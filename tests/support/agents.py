@@ -71,7 +71,7 @@ class AgentProcess:
         return [
             sys.executable,
             "-m",
-            "agent.main",
+            "agentic_sandbox.agent.main",
             "--instance-id",
             self.instance_id,
             "--server",

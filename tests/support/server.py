@@ -98,7 +98,7 @@ class ServerProcess:
         log.write(f"\n---- start {self.starts} ----\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.main", "serve"],
+            [sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
             cwd=ROOT,
             env=self.environment(),
             stdout=log,

@@ -21,7 +21,7 @@ from fleet_support import tiny_guest
 from fleet_support.daemons import MAIN_URI, DaemonUnavailable, ensure_main_libvirtd
 from fleet_support.real_env import RealEnv, purge_domains
 
-from fleet import Fleet, FleetConfig, FleetError, FleetEvent, HostSpec
+from agentic_sandbox.fleet import Fleet, FleetConfig, FleetError, FleetEvent, HostSpec
 
 pytestmark = pytest.mark.libvirt_real
 

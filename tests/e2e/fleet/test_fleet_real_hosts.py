@@ -10,7 +10,7 @@ import pytest
 from fleet_support.daemons import MAIN_URI, PrivateLibvirtd, restart_main_libvirtd
 from fleet_support.real_env import RealEnv, domains_under, wait_log
 
-from fleet import HostSpec, InstanceState
+from agentic_sandbox.fleet import HostSpec, InstanceState
 
 pytestmark = pytest.mark.libvirt_real
 

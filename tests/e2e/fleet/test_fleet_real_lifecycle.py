@@ -12,7 +12,7 @@ import pytest
 from fleet_support.daemons import MAIN_URI
 from fleet_support.real_env import RealEnv, domains_under, port_listening, ticks, wait_log
 
-from fleet import CloneSpec, InstanceState, probe_kvm
+from agentic_sandbox.fleet import CloneSpec, InstanceState, probe_kvm
 
 pytestmark = pytest.mark.libvirt_real
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 from fleet_support.real_env import RealEnv, wait_log
 
-from fleet import EgressPolicy
+from agentic_sandbox.fleet import EgressPolicy
 
 pytestmark = pytest.mark.libvirt_real
 

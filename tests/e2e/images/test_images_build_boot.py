@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from images import BuiltImage, ImageBuilder, ImageStore, Progress
+from agentic_sandbox.images import BuiltImage, ImageBuilder, ImageStore, Progress
 
 sys.path.insert(0, str(Path(__file__).parent))
 from images_guest_boot import boot_until

@@ -34,7 +34,7 @@ def ctl(
         }
     )
     return subprocess.run(
-        [sys.executable, "-m", "sandboxctl.main", *args],
+        [sys.executable, "-m", "agentic_sandbox.sandboxctl.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -156,7 +156,7 @@ def test_attach_is_a_real_terminal(
         {"SANDBOX_URL": s.url, "SANDBOX_TOKEN": s.admin_token, "XDG_CONFIG_HOME": str(tmp_path)}
     )
     proc = pexpect.PtyProcess.spawn(
-        [sys.executable, "-m", "sandboxctl.main", "session", "attach", sid],
+        [sys.executable, "-m", "agentic_sandbox.sandboxctl.main", "session", "attach", sid],
         env=env,
         cwd=str(ROOT),
         dimensions=(30, 100),

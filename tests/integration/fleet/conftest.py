@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import Faults, node_uri
 
-from fleet import Fleet, FleetConfig, FleetEvent, HostSpec
+from agentic_sandbox.fleet import Fleet, FleetConfig, FleetEvent, HostSpec
 
 
 @pytest.fixture

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from fleet_support.fleet_env import Env
 
-from fleet import CloneSpec, FleetError, InstanceSpec, KernelBoot, NotFound, Resources
+from agentic_sandbox.fleet import (
+    CloneSpec,
+    FleetError,
+    InstanceSpec,
+    KernelBoot,
+    NotFound,
+    Resources,
+)
 
 
 def spec(**kw: object) -> InstanceSpec:

@@ -6,7 +6,7 @@ import pytest
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import node_uri
 
-from fleet import (
+from agentic_sandbox.fleet import (
     Conflict,
     HostSpec,
     InstanceSpec,

@@ -8,7 +8,14 @@ import pytest
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import wait_for
 
-from fleet import Conflict, InstanceSpec, InstanceState, InvalidRequest, NotFound, Resources
+from agentic_sandbox.fleet import (
+    Conflict,
+    InstanceSpec,
+    InstanceState,
+    InvalidRequest,
+    NotFound,
+    Resources,
+)
 
 
 def spec(iid: str = "a1", **kw: object) -> InstanceSpec:
@@ -116,7 +123,7 @@ async def test_crash_restarts_then_crash_loop_stops(env: Env) -> None:
     assert f.entries["a1"].state is InstanceState.CRASHED
     assert env.kinds("a1").count("instance.crashed") == 3
     # the crash history is kept in the domain's metadata
-    from fleet.domain_xml import parse_record
+    from agentic_sandbox.fleet.domain_xml import parse_record
 
     rec = parse_record(dom.XMLDesc(0))
     assert rec is not None and len(rec.crashes) == 3

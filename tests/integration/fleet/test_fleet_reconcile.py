@@ -7,7 +7,7 @@ import uuid
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import node_uri, wait_for
 
-from fleet import (
+from agentic_sandbox.fleet import (
     Fleet,
     FleetConfig,
     FleetEvent,
@@ -16,8 +16,8 @@ from fleet import (
     InstanceSpec,
     InstanceState,
 )
-from fleet.domain_xml import DomainConfig, NetConfig, build_domain_xml
-from fleet.models import EgressPolicy
+from agentic_sandbox.fleet.domain_xml import DomainConfig, NetConfig, build_domain_xml
+from agentic_sandbox.fleet.models import EgressPolicy
 
 
 async def test_domain_removed_behind_the_fleets_back_is_lost(env: Env) -> None:

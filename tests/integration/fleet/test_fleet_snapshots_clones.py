@@ -6,7 +6,7 @@ import pytest
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import wait_for
 
-from fleet import (
+from agentic_sandbox.fleet import (
     CloneSpec,
     Conflict,
     InstanceSpec,
@@ -14,7 +14,7 @@ from fleet import (
     InvalidRequest,
     NotFound,
 )
-from fleet.domain_xml import parse_record
+from agentic_sandbox.fleet.domain_xml import parse_record
 
 
 async def test_snapshot_create_list_revert_delete(env: Env) -> None:

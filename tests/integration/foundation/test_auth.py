@@ -166,7 +166,7 @@ async def test_rate_limit_gives_429_with_retry_after(tmp_path: object) -> None:
 
 
 async def test_a2a_api_keys_do_not_open_the_admin_api(running: Running) -> None:
-    from broker.store import models as m
+    from agentic_sandbox.broker.store import models as m
 
     async with running.svc.db.session() as s:
         s.add(m.Instance(id="inst-1", owner="admin", state="running"))

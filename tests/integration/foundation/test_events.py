@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from broker.observability.events import EventFilter
+from agentic_sandbox.broker.observability.events import EventFilter
 from tests.inproc import Running
 
 

@@ -11,7 +11,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
-from images import ImageStore
+from agentic_sandbox.images import ImageStore
 from tests.fleet_support.testdriver import node_uri
 from tests.support.agents import AgentProcess, start_agent
 from tests.support.fixtures import TEST_SERVER_ENV

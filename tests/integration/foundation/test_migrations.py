@@ -9,8 +9,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 
-from broker.store import Database
-from broker.store.models import Base
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store.models import Base
 
 EXPECTED_TABLES = {
     "hosts",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from openapi_spec_validator import validate
 
-from broker.components import build_components
-from broker.http.openapi import openapi_path
+from agentic_sandbox.broker.components import build_components
+from agentic_sandbox.broker.http.openapi import openapi_path
 from tests.fleet_support.testdriver import node_uri
 from tests.inproc import Running, make_settings, start_server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.inproc import free_port
 
-SERVER = [sys.executable, "-m", "broker.main"]
+SERVER = [sys.executable, "-m", "agentic_sandbox.broker.main"]
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> dict:
@@ -35,7 +35,10 @@ def start(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")} | {
         "SANDBOX_DATA_DIR": str(tmp_path / "data"),
         "SANDBOX_HTTP_LISTEN": f"127.0.0.1:{port}",
+        # every listener on a port of its own: a server of command one may hold the defaults
         "SANDBOX_GRPC_LISTEN": f"127.0.0.1:{free_port()}",
+        "SANDBOX_GRPC_ENROLL_LISTEN": f"127.0.0.1:{free_port()}",
+        "SANDBOX_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBOX_LIBVIRT_URI": "",
         **env,
     }
@@ -64,7 +67,9 @@ def test_banner_probes_and_sigterm_drain(tmp_path: Path) -> None:
         elapsed = time.monotonic() - started
         assert proc.returncode == 0, err.decode()[-2000:]
         assert elapsed < 5, f"shutdown took {elapsed:.1f}s with an open stream"
-        assert stream.read() is not None  # the stream was closed by the server, not hung
+        # Reading to the end returns only because the server closed the stream (a stream left
+        # open would raise TimeoutError after the 10 s read timeout).
+        stream.read()
     finally:
         if proc.poll() is None:
             proc.kill()

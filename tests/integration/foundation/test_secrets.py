@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from broker.observability.logs import JsonFormatter
+from agentic_sandbox.broker.observability.logs import JsonFormatter
 from tests.inproc import Running
 
 VALUE = "tok-3f9a-very-secret-value-0042"
@@ -69,7 +69,7 @@ async def test_encrypted_at_rest_with_private_key(running: Running) -> None:
     # and the server can still open it for the instance it is bound to
     from sqlalchemy import select
 
-    from broker.store import models as m
+    from agentic_sandbox.broker.store import models as m
 
     async with running.svc.db.session() as s:
         row = await s.scalar(select(m.Secret).where(m.Secret.name == "DB_PASSWORD"))

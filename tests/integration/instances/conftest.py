@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.instances import FleetComponent
-from images import ImageStore
+from agentic_sandbox.broker.instances import FleetComponent
+from agentic_sandbox.images import ImageStore
 from tests.fleet_support.testdriver import node_uri
 from tests.inproc import Running, make_settings, start_server
 from tests.unit.images.images_fakes import publish_fake

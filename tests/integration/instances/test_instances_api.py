@@ -212,7 +212,7 @@ async def test_loadouts_and_images_are_listed(fleet_server: Running) -> None:
 async def test_metrics_show_instances_by_state_and_host(fleet_server: Running) -> None:
     r = fleet_server
     await create(r, {"id": "m-1", "image": IMAGE, "wait_ready": False})
-    from broker.observability.component import StoreGauges
+    from agentic_sandbox.broker.observability.component import StoreGauges
 
     gauges = next(c for c in r.server.components if isinstance(c, StoreGauges))
     await gauges.refresh()
@@ -225,8 +225,8 @@ async def test_metrics_show_instances_by_state_and_host(fleet_server: Running) -
 
 
 async def test_instance_quota_per_owner_is_429(tmp_path: Any) -> None:
-    from broker.instances import FleetComponent
-    from images import ImageStore
+    from agentic_sandbox.broker.instances import FleetComponent
+    from agentic_sandbox.images import ImageStore
     from tests.fleet_support.testdriver import node_uri
     from tests.inproc import make_settings, start_server
     from tests.unit.images.images_fakes import publish_fake

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.config import Settings
-from broker.server import Server
-from broker.sessions.contract import (
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.server import Server
+from agentic_sandbox.broker.sessions.contract import (
     AgentUnavailable,
     OutputChunk,
     Prompt,
@@ -24,7 +24,7 @@ from broker.sessions.contract import (
     SessionService,
     SessionSpec,
 )
-from broker.store import models as m
+from agentic_sandbox.broker.store import models as m
 from tests.support.agents import AgentProcess
 from tests.support.server import free_port
 

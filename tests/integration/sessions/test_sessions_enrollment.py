@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from proto import agent_pb2 as pb
-from proto import agent_pb2_grpc as pb_grpc
+from agentic_sandbox.proto import agent_pb2 as pb
+from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 from tests.integration.sessions.helpers import events, metric
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id

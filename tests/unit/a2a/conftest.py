@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from broker.app import build_services, close_services
-from broker.config import Settings
-from broker.services import Services
-from broker.store import models as m
-from broker.tasks import Caller, TaskRecord, TasksComponent, TaskService, TaskState
+from agentic_sandbox.broker.app import build_services, close_services
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.services import Services
+from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.tasks import Caller, TaskRecord, TasksComponent, TaskService, TaskState
 from tests.unit.a2a.fakes import FakeSessions
 
 ALICE = Caller(subject="alice", actor="token:alice")
@@ -128,7 +128,7 @@ class Agent:
         return issued.secret
 
     async def token(self, subject: str, role: str = "operator") -> str:
-        from broker.auth.principal import Role
+        from agentic_sandbox.broker.auth.principal import Role
 
         issued = await self.svc.auth.create_token(subject=subject, role=Role(role), created_by=None)
         return issued.secret
@@ -167,8 +167,8 @@ def install_scripts(fake: FakeSessions) -> None:
 
 @pytest.fixture
 async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
-    from broker.a2a import A2AComponent
-    from broker.server import Server
+    from agentic_sandbox.broker.a2a import A2AComponent
+    from agentic_sandbox.broker.server import Server
     from tests.inproc import free_port
 
     over = getattr(request, "param", {}) or {}
@@ -177,6 +177,8 @@ async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
         tmp_path,
         http_listen=f"127.0.0.1:{port}",
         grpc_listen=f"127.0.0.1:{free_port()}",
+        grpc_enroll_listen=f"127.0.0.1:{free_port()}",
+        metrics_listen=f"127.0.0.1:{free_port()}",
         log_format="text",
         **over,
     )

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from broker.sessions.contract import (
+from agentic_sandbox.broker.sessions.contract import (
     AgentUnavailable,
     ExitStatus,
     OutputChunk,

@@ -16,7 +16,7 @@ from a2a.utils import errors as sdk_errors
 from a2a.utils.signing import InvalidSignaturesError
 from google.protobuf.json_format import ParseDict
 
-from broker.a2a.card import SKILL_SCHEMAS_EXT, clean_empty
+from agentic_sandbox.broker.a2a.card import SKILL_SCHEMAS_EXT, clean_empty
 from tests.unit.a2a.conftest import Agent
 from tests.unit.a2a.sdk_client import (
     BINDINGS,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from broker.observability.events import EventFilter
+from agentic_sandbox.broker.observability.events import EventFilter
 from tests.inproc import free_port
 from tests.unit.a2a.conftest import Agent
 

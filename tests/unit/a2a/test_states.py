@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from broker.tasks.states import ALLOWED, TERMINAL, IllegalTransition, TaskState, check_transition
+from agentic_sandbox.broker.tasks.states import (
+    ALLOWED,
+    TERMINAL,
+    IllegalTransition,
+    TaskState,
+    check_transition,
+)
 
 S = TaskState
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.tasks import (
+from agentic_sandbox.broker.tasks import (
     Caller,
     IdempotencyConflict,
     QuotaExceeded,
@@ -59,7 +59,7 @@ async def test_a_task_runs_in_a_session_and_completes(env: Env) -> None:
 
 
 def _flt(task_id: str):  # type: ignore[no-untyped-def]
-    from broker.observability.events import EventFilter
+    from agentic_sandbox.broker.observability.events import EventFilter
 
     return EventFilter(task_id=task_id)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from broker.a2a import errors as e
-from broker.a2a.card import clean_empty
-from broker.a2a.models import ListTasksRequest, SendMessageRequest, error_fields
-from broker.a2a.signing import SigningKey, sign_detached, verify_detached
-from broker.tasks import TaskState
+from agentic_sandbox.broker.a2a import errors as e
+from agentic_sandbox.broker.a2a.card import clean_empty
+from agentic_sandbox.broker.a2a.models import ListTasksRequest, SendMessageRequest, error_fields
+from agentic_sandbox.broker.a2a.signing import SigningKey, sign_detached, verify_detached
+from agentic_sandbox.broker.tasks import TaskState
 
 
 def test_camel_and_snake_names_are_both_accepted() -> None:

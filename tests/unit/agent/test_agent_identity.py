@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import identity
-from agent.config import load, parser
-from agent.runtime import AgentRuntime
+from agentic_sandbox.agent import identity
+from agentic_sandbox.agent.config import load, parser
+from agentic_sandbox.agent.runtime import AgentRuntime
 
 
 def make_config(tmp_path: Path) -> Path:
@@ -108,7 +108,7 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
 ) -> None:
     """The watcher notices the new seed and the identity switch uses what it read: inside an
     emulated guest every extra mount costs a hand-off time."""
-    from agent import runtime as runtime_mod
+    from agentic_sandbox.agent import runtime as runtime_mod
 
     rt = runtime(tmp_path)
     reads: list[str] = []

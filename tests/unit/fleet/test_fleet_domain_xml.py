@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fleet.domain_xml import (
+from agentic_sandbox.fleet.domain_xml import (
     METADATA_NS,
     QEMU_NS,
     CloneIdentity,
@@ -21,7 +21,7 @@ from fleet.domain_xml import (
     record_metadata_xml,
     rewrite_for_clone,
 )
-from fleet.models import EgressPolicy, FirmwareBoot, InstanceRecord, IoTune
+from agentic_sandbox.fleet.models import EgressPolicy, FirmwareBoot, InstanceRecord, IoTune
 
 NASTY = 'o\'wn<er>&"x"'
 

@@ -7,10 +7,15 @@ from datetime import UTC, datetime, timedelta
 import libvirt
 import pytest
 
-from fleet import InstanceState, NoCapacity
-from fleet.events import CrashLoopDetector, EventSink, state_from_domain, state_from_event
-from fleet.models import CrashRecord, FleetEvent, FleetEventKind
-from fleet.ports import PortAllocator
+from agentic_sandbox.fleet import InstanceState, NoCapacity
+from agentic_sandbox.fleet.events import (
+    CrashLoopDetector,
+    EventSink,
+    state_from_domain,
+    state_from_event,
+)
+from agentic_sandbox.fleet.models import CrashRecord, FleetEvent, FleetEventKind
+from agentic_sandbox.fleet.ports import PortAllocator
 
 E = libvirt
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fleet import HostSpec, InstanceSpec, IoTune, KernelBoot, Resources, validate_instance_id
+from agentic_sandbox.fleet import (
+    HostSpec,
+    InstanceSpec,
+    IoTune,
+    KernelBoot,
+    Resources,
+    validate_instance_id,
+)
 
 
 @pytest.mark.parametrize("good", ["a", "dev-1", "0abc", "a" * 63])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import NoCapacity
-from fleet.placement import HostLoad, PlacementRequest, choose_host
+from agentic_sandbox.fleet import NoCapacity
+from agentic_sandbox.fleet.placement import HostLoad, PlacementRequest, choose_host
 
 
 def host(name: str, **kw: object) -> HostLoad:

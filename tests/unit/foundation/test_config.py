@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError, load_settings
+from agentic_sandbox.broker.config import ConfigError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -94,7 +94,7 @@ def test_each_bad_value_is_refused(
 def test_server_exits_2_with_the_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker.main import main
+    from agentic_sandbox.broker.main import main
 
     monkeypatch.setenv("SANDBOX_GRPC_LISTEN", "nope")
     assert main(["check-config"]) == 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.auth.ratelimit import RateLimiter
-from broker.observability.logs import Redactor
+from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.observability.logs import Redactor
 
 
 def test_burst_then_refill() -> None:

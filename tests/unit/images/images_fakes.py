@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path
 
-from images import ImageStore, Manifest
-from images.manifest import BootInfo, DiskInfo, GuestInfo
+from agentic_sandbox.images import ImageStore, Manifest
+from agentic_sandbox.images.manifest import BootInfo, DiskInfo, GuestInfo
 
 
 def fake_manifest(name: str, disk_bytes: bytes, recipe_name: str = "fake") -> Manifest:

@@ -14,9 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from images_fakes import write_script
 
-from images import BuildCancelled, BuildError, ImageBuilder, Progress, Tools
-from images.mounts import mounts_under
-from images.process import CommandRunner
+from agentic_sandbox.images import BuildCancelled, BuildError, ImageBuilder, Progress, Tools
+from agentic_sandbox.images.mounts import mounts_under
+from agentic_sandbox.images.process import CommandRunner
 
 
 def _alive(pid: int) -> bool:

@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from images_fakes import publish_fake
 
-from images import ImageBuilder, ImageStore, InvalidImage
-from images.cli import main
+from agentic_sandbox.images import ImageBuilder, ImageStore, InvalidImage
+from agentic_sandbox.images.cli import main
 
 REPO = Path(__file__).parents[3]
 
@@ -114,7 +114,7 @@ def test_cli_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_python_dash_m_images(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "images", "list", "--cache-dir", str(tmp_path)],
+        [sys.executable, "-m", "agentic_sandbox.images", "list", "--cache-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -14,13 +14,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from images_fakes import fake_manifest
 
-from images import ImageBuilder, InvalidImage, Progress, load_recipe
-from images.builder import _Build
-from images.disk import filesystem_geometry
-from images.manifest import BuiltImage, read_manifest
-from images.process import CommandRunner
-from images.progress import DebootstrapProgress, ProgressTracker
-from images.rootfs import (
+from agentic_sandbox.images import ImageBuilder, InvalidImage, Progress, load_recipe
+from agentic_sandbox.images.builder import _Build
+from agentic_sandbox.images.disk import filesystem_geometry
+from agentic_sandbox.images.manifest import BuiltImage, read_manifest
+from agentic_sandbox.images.process import CommandRunner
+from agentic_sandbox.images.progress import DebootstrapProgress, ProgressTracker
+from agentic_sandbox.images.rootfs import (
     CLOUD_CFG_NAME,
     customize_tree,
     guest,
@@ -212,10 +212,12 @@ def test_recipe_files_are_written_with_mode(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     _fake_rootfs(root)
     data = yaml.safe_load(
-        (Path(__file__).parents[3] / "images/recipes/debian-12-agent.yaml").read_text()
+        (
+            Path(__file__).parents[3] / "agentic_sandbox/images/recipes/debian-12-agent.yaml"
+        ).read_text()
     )
     data["customize"]["files"] = [{"path": "/etc/motd.d/x", "content": "hi\n", "mode": "0600"}]
-    from images import parse_recipe
+    from agentic_sandbox.images import parse_recipe
 
     customize_tree(root, parse_recipe(data))
     assert (root / "etc/motd.d/x").read_text() == "hi\n"

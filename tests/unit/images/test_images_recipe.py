@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from images import BUILDER_VERSION, RecipeError, list_recipes, load_recipe, parse_recipe
-from images.recipe import RECIPES_DIR
+from agentic_sandbox.images import (
+    BUILDER_VERSION,
+    RecipeError,
+    list_recipes,
+    load_recipe,
+    parse_recipe,
+)
+from agentic_sandbox.images.recipe import RECIPES_DIR
 
 
 def shipped() -> dict[str, Any]:
@@ -153,7 +159,7 @@ def test_hash_is_sensitive(mutate: Any) -> None:
 
 
 def test_hash_covers_builder_version_and_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    import images.recipe as recipe_mod
+    import agentic_sandbox.images.recipe as recipe_mod
 
     r = load_recipe("debian-12-agent")
     before = r.content_hash()

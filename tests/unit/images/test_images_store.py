@@ -14,8 +14,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from images_fakes import publish_fake, write_image_files
 
-from images import BuildCancelled, ImageBuilder, ImageError, ImageNotFound, ImageStore, Tools
-from images.mounts import mounts_under, remove_tree
+from agentic_sandbox.images import (
+    BuildCancelled,
+    ImageBuilder,
+    ImageError,
+    ImageNotFound,
+    ImageStore,
+    Tools,
+)
+from agentic_sandbox.images.mounts import mounts_under, remove_tree
 
 NAME = "fake-0123456789ab"
 

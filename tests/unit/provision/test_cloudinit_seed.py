@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import tarfile
 import tomllib
 from pathlib import Path
 
 import yaml
 
-from provision import load_catalog, read_seed_iso, write_seed_iso
-from provision.cloudinit import (
+from agentic_sandbox.provision import load_catalog, read_seed_iso, write_seed_iso
+from agentic_sandbox.provision.bundle import build_bundle
+from agentic_sandbox.provision.cloudinit import (
     AGENT_CONFIG,
     AGENT_HOME,
     AGENT_INSTALL,
     AGENT_UNIT,
     AgentBootstrap,
-    agent_bundle,
     agent_install_script,
     early_agent_start,
     render_meta_data,
     render_network_config,
     render_user_data,
 )
-from provision.seed import SeedFiles
+from agentic_sandbox.provision.seed import SeedFiles
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHx0 op@example"
 
@@ -38,7 +36,7 @@ def bootstrap() -> AgentBootstrap:
         server_name="agentic-sandbox-server",
         enrollment_token="sbe_secret",
         ca_pem="-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n",
-        bundle=agent_bundle(),
+        bundle=build_bundle(),
     )
 
 
@@ -93,7 +91,7 @@ def test_agent_install_script_runs_once_under_a_lock(tmp_path: Path) -> None:
     home, bin_dir = tmp_path / "opt", tmp_path / "bin"
     home.mkdir()
     bin_dir.mkdir()
-    (home / "agent-bundle.tar.gz").write_bytes(agent_bundle())
+    (home / "agent-bundle.tar.gz").write_bytes(build_bundle())
     calls = tmp_path / "systemctl.calls"
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     (bin_dir / "systemctl").chmod(0o755)
@@ -106,21 +104,13 @@ def test_agent_install_script_runs_once_under_a_lock(tmp_path: Path) -> None:
     for _ in range(2):
         res = subprocess.run(["sh", "-c", moved], env=env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
-    assert (home / "app" / "agent" / "runtime.py").exists()
+    assert (home / "app" / "agentic_sandbox" / "agent" / "runtime.py").exists()
     assert calls.read_text().splitlines() == [
         f"start {AGENT_UNIT}",
         f"enable --quiet --no-reload {AGENT_UNIT}",
     ]
     console = (tmp_path / "console").read_text()
     assert console.count("agent-install") == 1 and console.count("agent-started") == 1
-
-
-def test_the_bundle_holds_the_agent_and_proto_packages() -> None:
-    with tarfile.open(fileobj=io.BytesIO(agent_bundle())) as tar:
-        names = set(tar.getnames())
-    assert "agent/__init__.py" in names and "proto/agent_pb2.py" in names
-    assert not any(n.startswith(("broker/", "fleet/")) for n in names)
-    assert agent_bundle() == agent_bundle()  # reproducible
 
 
 def test_minimal_loadout_has_no_sudo_and_no_packages() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from provision import LoadoutError, load_catalog
-from provision.loadouts import LoadoutCatalog
+from agentic_sandbox.provision import LoadoutError, load_catalog
+from agentic_sandbox.provision.loadouts import LoadoutCatalog
 
 
 def test_shipped_loadouts_resolve() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, load, parser
-from agent.runtime import BATCH_BYTES, AgentRuntime, Backoff
+from agentic_sandbox.agent.config import ConfigError, load, parser
+from agentic_sandbox.agent.runtime import BATCH_BYTES, AgentRuntime, Backoff
 
 
 def test_file_then_flags(tmp_path: Path) -> None:

@@ -9,12 +9,18 @@ import sys
 
 BLOCKER = """
 import sys
+BLOCKED = {BLOCKED}
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {BLOCKED}:
+        if any(name == b or name.startswith(b + '.') for b in BLOCKED):
             raise ImportError('blocked ' + name)
 sys.meta_path.insert(0, Block())
-import agent.main, agent.runtime, agent.session, agent.pki, agent.config, agent.sysinfo
+import agentic_sandbox.agent.main
+import agentic_sandbox.agent.runtime
+import agentic_sandbox.agent.session
+import agentic_sandbox.agent.pki
+import agentic_sandbox.agent.config
+import agentic_sandbox.agent.sysinfo
 print('ok')
 """
 
@@ -26,13 +32,12 @@ def test_agent_imports_without_server_packages() -> None:
         "sqlalchemy",
         "cryptography",
         "pyte",
-        "broker",
         "yaml",
-        "fleet",
-        "images",
-        "provision",
-        "sandboxctl",
         "uvloop",
+        *(
+            f"agentic_sandbox.{name}"
+            for name in ("broker", "fleet", "images", "provision", "sandboxctl")
+        ),
     }
     out = subprocess.run(
         [sys.executable, "-c", BLOCKER.replace("{BLOCKED}", repr(blocked))],

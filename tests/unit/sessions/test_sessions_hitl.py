@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.sessions.hitl import detect_prompt, last_line, strip_ansi
+from agentic_sandbox.broker.sessions.hitl import detect_prompt, last_line, strip_ansi
 
 
 @pytest.mark.parametrize(

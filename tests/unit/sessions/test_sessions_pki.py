@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent import pki
-from broker.agentlink.ca import (
+from agentic_sandbox.agent import pki
+from agentic_sandbox.broker.agentlink.ca import (
     SERVER_NAME,
     CertificateAuthority,
     CertificateError,

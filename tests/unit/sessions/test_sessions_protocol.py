@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.sessions import protocol as p
+from agentic_sandbox.broker.sessions import protocol as p
 
 
 def test_valid_messages() -> None:

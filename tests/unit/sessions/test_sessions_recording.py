@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from broker.sessions.recording import Recording
+from agentic_sandbox.broker.sessions.recording import Recording
 
 
 def _events(path: Path) -> tuple[dict[str, object], list[list[object]]]:

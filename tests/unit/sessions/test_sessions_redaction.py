@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.sessions.redaction import StreamRedactor
+from agentic_sandbox.broker.sessions.redaction import StreamRedactor
 
 SECRET = "hunter2-correct-horse"
 

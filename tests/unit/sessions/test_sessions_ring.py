@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.ring import Ring
-from broker.sessions.ring import OutputRing, pack_frame, unpack_frame
+from agentic_sandbox.agent.ring import Ring
+from agentic_sandbox.broker.sessions.ring import OutputRing, pack_frame, unpack_frame
 
 
 def test_server_ring_wraps_and_keeps_the_last_capacity_bytes() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyte
 
-from broker.sessions.ring import OutputRing
-from broker.sessions.screen import RESTART_TAIL, ScreenTracker, scrollback_tail
+from agentic_sandbox.broker.sessions.ring import OutputRing
+from agentic_sandbox.broker.sessions.screen import RESTART_TAIL, ScreenTracker, scrollback_tail
 
 
 def _replay(ansi: str, cols: int, rows: int) -> pyte.Screen:

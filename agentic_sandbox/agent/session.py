@@ -1,0 +1,415 @@
+"""One PTY session in the agent: the process (ptyprocess), its output ring and flow control.
+
+Output: the PTY is read (non-blocking, from the event loop) into the session's ring. Reading
+stops while the unsent backlog reaches the send window or the unacknowledged bytes reach half
+the ring — the process then blocks on its own writes, exactly as on a slow terminal — and
+resumes when the link drains or the server acknowledges. So the agent reads a
+PTY only as fast as the link drains and never loses a byte the server has not acknowledged.
+
+Exit: a pidfd says when the process ended; the session finishes once its output is drained
+(EOF on the PTY, or a short grace time when a leftover background process holds the PTY).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import pwd
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ptyprocess import PtyProcess
+
+from agentic_sandbox.agent.ring import Ring
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 64 * 1024  # one read; a burst reads up to BURST_BYTES per loop callback
+BURST_BYTES = 256 * 1024
+SEND_WINDOW = 256 * 1024  # unsent bytes before the PTY is no longer read
+INPUT_LIMIT = 1024 * 1024
+DRAIN_AFTER_EXIT = 0.5
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SIGNALS = {
+    "INT": signal.SIGINT,
+    "TERM": signal.SIGTERM,
+    "KILL": signal.SIGKILL,
+    "HUP": signal.SIGHUP,
+}
+
+
+class SpawnError(Exception):
+    pass
+
+
+@dataclass
+class ExitResult:
+    code: int | None = None
+    signal: str = ""
+    error: str = ""
+
+
+def _user_env(user: pwd.struct_passwd) -> dict[str, str]:
+    env = {
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "SHELL": user.pw_shell or "/bin/sh",
+        "PATH": DEFAULT_PATH,
+        "TERM": "xterm-256color",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+    }
+    return env
+
+
+def _switch_user(user: pwd.struct_passwd) -> Callable[[], None]:
+    def switch() -> None:
+        os.initgroups(user.pw_name, user.pw_gid)
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+
+    return switch
+
+
+class PtySession:
+    def __init__(
+        self,
+        session_id: str,
+        proc: PtyProcess,
+        *,
+        ring_bytes: int,
+        cols: int,
+        rows: int,
+        task_id: str,
+        on_output: Callable[[], None],
+        on_finish: Callable[[], None],
+    ) -> None:
+        self.id = session_id
+        self.proc = proc
+        self.fd: int = proc.fd
+        self.pid: int = proc.pid
+        self.ring = Ring(ring_bytes)
+        self.cols = cols
+        self.rows = rows
+        self.task_id = task_id
+        self.sent = 0  # next offset to send on the current link
+        self.acked = 0  # the server holds everything below
+        self.first_pending: float | None = None  # loop time the oldest unsent byte arrived
+        self.flooding = False  # the last read burst filled a whole read: batch output
+        self.eof = False
+        self.exit: ExitResult | None = None
+        self.finished = False  # exited and drained: only the exit report is left
+        self.exit_sent = False
+        self.forget = False
+        self._on_output = on_output
+        self._on_finish = on_finish
+        self._reading = False
+        self._input = bytearray()
+        self._writing = False
+        self._pidfd: int | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._kill_timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+
+    # ---- creation ----------------------------------------------------------------------------
+    @classmethod
+    def spawn(
+        cls,
+        session_id: str,
+        *,
+        command: list[str],
+        cols: int,
+        rows: int,
+        env: dict[str, str],
+        cwd: str,
+        user: str,
+        ring_bytes: int,
+        task_id: str,
+        on_output: Callable[[], None],
+        on_finish: Callable[[], None],
+    ) -> PtySession:
+        me = pwd.getpwuid(os.geteuid())
+        preexec: Callable[[], None] | None = None
+        if user and user != me.pw_name:
+            try:
+                target = pwd.getpwnam(user)
+            except KeyError:
+                raise SpawnError(f"no such user {user!r}") from None
+            if os.geteuid() != 0:
+                raise SpawnError(f"cannot run as {user!r}: the agent does not run as root")
+            preexec = _switch_user(target)
+        else:
+            target = me
+        full_env = _user_env(target)
+        full_env.update(env)
+        argv = list(command) or [target.pw_shell or "/bin/sh", "-l"]
+        workdir = cwd or (target.pw_dir if os.path.isdir(target.pw_dir) else "/")
+        if not os.path.isdir(workdir):
+            raise SpawnError(f"working directory {workdir!r} does not exist")
+        try:
+            proc = PtyProcess.spawn(
+                argv,
+                cwd=workdir,
+                env=full_env,
+                dimensions=(rows, cols),
+                preexec_fn=preexec,
+            )
+        except (OSError, ValueError) as exc:
+            raise SpawnError(f"cannot start {argv[0]!r}: {exc}") from None
+        except Exception as exc:  # ptyprocess re-raises the child's exception type
+            raise SpawnError(f"cannot start {argv[0]!r}: {type(exc).__name__}: {exc}") from None
+        sess = cls(
+            session_id,
+            proc,
+            ring_bytes=ring_bytes,
+            cols=cols,
+            rows=rows,
+            task_id=task_id,
+            on_output=on_output,
+            on_finish=on_finish,
+        )
+        sess._start()
+        return sess
+
+    def _start(self) -> None:
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+            self._loop.call_later(0.1, self._poll_exit)
+        else:
+            self._loop.add_reader(self._pidfd, self._on_pidfd)
+        self.update_flow()
+
+    # ---- output ------------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return self.ring.end - self.sent
+
+    def unacked_room(self) -> int:
+        """How much more may be read: unacknowledged output stays within half the ring, so the
+        ring always still holds at least half a ring of acknowledged history — what a client
+        reattaching after a server restart may not have received yet."""
+        return self.ring.capacity // 2 - (self.ring.end - self.acked)
+
+    def update_flow(self) -> None:
+        """Read the PTY only while the backlog fits (see the module note)."""
+        if self.eof or self.finished:
+            return
+        room = self.unacked_room()
+        want = room > 0 and self.pending < SEND_WINDOW
+        if want and not self._reading:
+            self._loop.add_reader(self.fd, self._on_readable)
+            self._reading = True
+        elif not want and self._reading:
+            self._loop.remove_reader(self.fd)
+            self._reading = False
+
+    def _on_readable(self) -> None:
+        ring = self.ring
+        fd = self.fd
+        total = 0
+        had_pending = self.pending > 0
+        full = False
+        while total < BURST_BYTES:
+            room = self.unacked_room()
+            if room <= 0 or self.pending >= SEND_WINDOW:
+                break
+            try:
+                data = os.read(fd, min(READ_BYTES, room))
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    log.warning("session %s: reading the PTY failed: %s", self.id, exc)
+                self._on_eof()
+                break
+            if not data:
+                self._on_eof()
+                break
+            ring.append(data)
+            total += len(data)
+            if len(data) < 1024:
+                break  # a small read: the PTY is drained (interactive output)
+            full = True
+        if total:
+            self.flooding = full
+            if not had_pending:
+                self.first_pending = self._loop.time()
+            self._on_output()
+        self.update_flow()
+
+    def _on_eof(self) -> None:
+        self.eof = True
+        if self._reading:
+            self._loop.remove_reader(self.fd)
+            self._reading = False
+        if self.exit is not None:
+            self._finish()
+
+    # ---- input and control ----------------------------------------------------------------------
+    def write_input(self, data: bytes) -> None:
+        if self.finished or self.eof:
+            return
+        if self._input:
+            if len(self._input) + len(data) > INPUT_LIMIT:
+                log.warning("session %s: input backlog full; %d bytes dropped", self.id, len(data))
+                return
+            self._input += data
+            return
+        try:
+            n = os.write(self.fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            log.debug("session %s: writing input failed: %s", self.id, exc)
+            return
+        if n < len(data):
+            self._input += data[n:]
+            self._loop.add_writer(self.fd, self._on_writable)
+            self._writing = True
+
+    def _on_writable(self) -> None:
+        try:
+            n = os.write(self.fd, self._input)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = len(self._input)
+        del self._input[:n]
+        if not self._input and self._writing:
+            self._loop.remove_writer(self.fd)
+            self._writing = False
+
+    def resize(self, cols: int, rows: int) -> None:
+        if self.finished or cols < 1 or rows < 1:
+            return
+        self.cols, self.rows = cols, rows
+        with contextlib.suppress(OSError):
+            self.proc.setwinsize(rows, cols)
+
+    def _process_groups(self, name: str) -> set[int]:
+        groups: set[int] = set()
+        with contextlib.suppress(OSError):
+            groups.add(os.tcgetpgrp(self.fd))
+        if name != "INT" or not groups:
+            groups.add(self.pid)  # the session leader's group
+        return groups
+
+    def send_signal(self, name: str) -> None:
+        sig = SIGNALS.get(name)
+        if sig is None or self.exit is not None:
+            return
+        for pgid in self._process_groups(name):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+
+    def close(self, grace: float) -> None:
+        """End the session: HUP now, KILL after `grace` seconds if it is still there."""
+        if self.exit is not None:
+            return
+        self.send_signal("HUP")
+        if self._kill_timer is None:
+            self._kill_timer = self._loop.call_later(max(0.0, grace), self.send_signal, "KILL")
+
+    # ---- exit ------------------------------------------------------------------------------------
+    def _reap(self) -> bool:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.exit = ExitResult(error="the process vanished")
+            return True
+        if pid == 0:
+            return False
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name.removeprefix("SIG")
+            except ValueError:
+                name = str(-code)
+            self.exit = ExitResult(code=None, signal=name)
+        else:
+            self.exit = ExitResult(code=code)
+        return True
+
+    def _on_pidfd(self) -> None:
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self._reap():
+            self._loop.call_later(0.05, self._poll_exit)
+            return
+        self._after_exit()
+
+    def _poll_exit(self) -> None:
+        if self.exit is not None:
+            return
+        if self._reap():
+            self._after_exit()
+        else:
+            self._loop.call_later(0.1, self._poll_exit)
+
+    def _after_exit(self) -> None:
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+            self._kill_timer = None
+        if self.eof:
+            self._finish()
+        else:
+            # Drain what is left; a background process may hold the PTY open, so not forever.
+            self._drain_timer = self._loop.call_later(DRAIN_AFTER_EXIT, self._finish)
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        if not self.eof:
+            # read what is there now, then hang up on whoever still holds the PTY
+            with contextlib.suppress(OSError):
+                while True:
+                    data = os.read(self.fd, READ_BYTES)
+                    if not data:
+                        break
+                    room = self.unacked_room()
+                    if len(data) > room:
+                        break
+                    self.ring.append(data)
+            self.eof = True
+        self.finished = True
+        self._release()
+        self._on_output()
+        self._on_finish()
+
+    def _release(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self.fd)
+            self._reading = False
+        if self._writing:
+            self._loop.remove_writer(self.fd)
+            self._writing = False
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        # We reaped the child ourselves; keep ptyprocess from waiting for it again.
+        self.proc.terminated = True
+        self.proc.closed = True
+        with contextlib.suppress(OSError):
+            self.proc.fileobj.close()
+
+    def shutdown(self) -> None:
+        """The agent is exiting: hang up on the process and release the PTY."""
+        if not self.finished:
+            self.send_signal("HUP")
+            self.finished = True
+            self._release()

@@ -1,0 +1,184 @@
+"""What both bindings do before and after the handler: resolve the caller and the agent,
+enforce `A2A-Version`, read JSON bodies, and write Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from agentic_sandbox.broker.a2a import errors as e
+from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
+from agentic_sandbox.broker.http.routing import current_principal
+from agentic_sandbox.broker.tasks import TaskStream
+
+log = logging.getLogger(__name__)
+
+VERSION_HEADER = "A2A-Version"
+SUPPORTED = (1, 0)
+JSON_TYPES = ("application/json", "application/a2a+json")
+A2A_JSON = "application/a2a+json"
+INSTANCE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+KEEPALIVE_SECONDS = 15.0
+
+HANDLER = web.AppKey("a2a_handler", A2AHandler)
+
+
+def check_version(request: web.Request) -> None:
+    raw = request.headers.get(VERSION_HEADER, "").strip()
+    if not raw:
+        raise e.VersionNotSupportedError(
+            f"the {VERSION_HEADER} header is required; this agent speaks A2A 1.0",
+            metadata={"supportedVersions": "1.0"},
+        )
+    parts = raw.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        major, minor = -1, -1
+    if (major, minor) != SUPPORTED:
+        raise e.VersionNotSupportedError(
+            f"A2A version {raw!r} is not supported; this agent speaks 1.0",
+            metadata={"requestedVersion": raw[:32], "supportedVersions": "1.0"},
+        )
+
+
+async def resolve(request: web.Request) -> A2ACall:
+    """Caller, then version, then the agent: 401, VersionNotSupported, not found / 403."""
+    principal = current_principal(request)
+    if principal is None:
+        raise e.UnauthenticatedError(headers={"WWW-Authenticate": 'Bearer realm="a2a"'})
+    check_version(request)
+    iid = request.match_info["instance_id"]
+    handler = request.app[HANDLER]
+    instance = await handler.tasks.instance(iid) if INSTANCE_ID.match(iid) else None
+    if instance is None or not (principal.is_admin or instance.owner == principal.subject):
+        if principal.kind == "apikey" and principal.instance_id == iid and instance is not None:
+            pass  # a key bound to this instance acts for its owner's agent
+        else:
+            raise e.TaskNotFoundError(
+                f"no agent {iid!r} here (unknown instance, or not yours)",
+                metadata={"instanceId": iid},
+            )
+    if principal.kind == "apikey" and principal.instance_id != iid:
+        raise e.PermissionDeniedError(
+            f"this API key is bound to instance {principal.instance_id!r}, not {iid!r}"
+        )
+    return A2ACall(instance=instance, principal=principal)
+
+
+async def read_json(request: web.Request) -> Any:
+    ctype = request.content_type
+    if ctype not in JSON_TYPES:
+        raise e.InvalidRequestError(
+            f"Content-Type must be application/json or application/a2a+json (got "
+            f"{ctype or 'none'})",
+            http=415,
+        )
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise e.InvalidRequestError("request body too large", http=413) from None
+    if not raw:
+        return None
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise e.JSONParseError(f"request body is not valid JSON: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def media_type(request: web.Request) -> str:
+    if A2A_JSON in request.headers.get("Accept", "") or request.content_type == A2A_JSON:
+        return A2A_JSON
+    return "application/json"
+
+
+def json_response(
+    request: web.Request, body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+        content_type=media_type(request),
+        headers=headers,
+    )
+
+
+def unexpected(exc: BaseException) -> e.A2AError:
+    """Never a stack trace to a client: log it, answer an InternalError with the request id."""
+    from agentic_sandbox.broker.observability.logs import correlation_id
+
+    log.error("A2A request failed", exc_info=exc)
+    return e.InternalError(
+        "internal error; the server log has the details under request id "
+        f"{correlation_id.get() or '-'}"
+    )
+
+
+async def sse(
+    request: web.Request,
+    stream: TaskStream,
+    frame: Callable[[dict[str, Any]], dict[str, Any]],
+    on_error: Callable[[e.A2AError], dict[str, Any]],
+    history_length: int | None = None,
+) -> web.StreamResponse:
+    """The snapshot (a `task` StreamResponse), then every event as it happens, until the task
+    ends (or the client leaves, or the server stops)."""
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    events = stream.events().__aiter__()
+    pending: asyncio.Task[dict[str, Any]] | None = None
+
+    async def send(obj: dict[str, Any], event: str | None = None) -> None:
+        head = f"event: {event}\n" if event else ""
+        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        await resp.write(f"{head}data: {data}\n\n".encode())
+
+    try:
+        await resp.prepare(request)
+        await send(frame({"task": stream.snapshot.to_a2a(history_length=history_length)}))
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(_next(events))
+            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_SECONDS)
+            if not done:
+                await resp.write(b": keepalive\n\n")
+                continue
+            fut, pending = pending, None
+            try:
+                ev = fut.result()
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                await send(on_error(unexpected(exc)), "error")
+                break
+            await send(frame(ev))
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        if pending is not None:
+            pending.cancel()
+        stream.close()
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await resp.write_eof()
+    return resp
+
+
+async def _next(events: Any) -> dict[str, Any]:
+    item: dict[str, Any] = await events.__anext__()
+    return item

@@ -1,0 +1,10 @@
+"""The agent link: the server's CA, enrollment, the gRPC service and the registry of agents.
+
+Public face: `AgentLinkComponent` (wired in `broker/components.py`), `AgentConnection` and
+`LinkHandler` (what the session hub implements), `LinkClosed`.
+"""
+
+from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
+from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed, LinkHandler
+
+__all__ = ["AgentConnection", "AgentLinkComponent", "LinkClosed", "LinkHandler"]

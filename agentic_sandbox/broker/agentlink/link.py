@@ -1,0 +1,185 @@
+"""One agent's live stream, as the rest of the server sees it.
+
+`AgentConnection.send()` never blocks: messages go into a bounded outbox that one writer task
+drains into the gRPC stream (whose flow control paces it). A connection whose outbox overflows is
+closed (the agent reconnects and the session state is reconciled) rather than letting memory grow.
+Output acknowledgements are coalesced: at once after 256 KiB, else within 20 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentic_sandbox.proto import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+ACK_EVERY_BYTES = 256 * 1024
+ACK_DELAY = 0.02
+
+
+class LinkClosed(Exception):
+    """The agent's stream is gone (or was closed for overflowing)."""
+
+
+@dataclass
+class AgentInfo:
+    agent_version: str = ""
+    hostname: str = ""
+    boot_id: str = ""
+    agent_run_id: str = ""
+    ring_bytes: int = 0
+
+
+@dataclass
+class AgentMetrics:
+    time_unix_ms: int = 0
+    cpu_percent: float = 0.0
+    memory_used_bytes: int = 0
+    memory_total_bytes: int = 0
+    disk_used_bytes: int = 0
+    disk_total_bytes: int = 0
+    load1: float = 0.0
+    load5: float = 0.0
+    load15: float = 0.0
+    sessions: int = 0
+
+    @classmethod
+    def from_heartbeat(cls, hb: pb.Heartbeat) -> AgentMetrics:
+        return cls(
+            time_unix_ms=hb.time_unix_ms,
+            cpu_percent=round(hb.cpu_percent, 2),
+            memory_used_bytes=hb.memory_used_bytes,
+            memory_total_bytes=hb.memory_total_bytes,
+            disk_used_bytes=hb.disk_used_bytes,
+            disk_total_bytes=hb.disk_total_bytes,
+            load1=round(hb.load1, 2),
+            load5=round(hb.load5, 2),
+            load15=round(hb.load15, 2),
+            sessions=hb.sessions,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class AgentConnection:
+    instance_id: str
+    owner: str
+    cert_serial: str
+    cert_not_after: dt.datetime
+    peer: str
+    outbox_limit: int = 10_000
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    state: str = "connected"  # connected | stale | closed
+    registered: bool = False
+    connected_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    last_seen: float = 0.0  # loop time of the last message
+    last_heartbeat_at: dt.datetime | None = None
+    info: AgentInfo = field(default_factory=AgentInfo)
+    metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    metrics_dirty: bool = False
+    close_reason: str = ""
+
+    def __post_init__(self) -> None:
+        self._out: deque[pb.ServerMessage] = deque()
+        self._wake = asyncio.Event()
+        self._acks: dict[str, int] = {}
+        self._acked: dict[str, int] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None  # the Connect handler, cancelled on close
+        self.last_seen = asyncio.get_running_loop().time()
+
+    @property
+    def closed(self) -> bool:
+        return self.state == "closed"
+
+    @property
+    def ready(self) -> bool:
+        return self.registered and self.state == "connected"
+
+    # ---- outgoing -------------------------------------------------------------------------
+    def send(self, msg: pb.ServerMessage) -> None:
+        if self.closed:
+            raise LinkClosed(f"agent link of {self.instance_id} is closed")
+        if len(self._out) >= self.outbox_limit:
+            self.close("outbox overflow: the agent does not read its stream")
+            raise LinkClosed(f"agent link of {self.instance_id} overflowed")
+        self._out.append(msg)
+        self._wake.set()
+
+    def ack(self, session_id: str, offset: int) -> None:
+        """Acknowledge output up to `offset` (coalesced)."""
+        self._acks[session_id] = offset
+        if offset - self._acked.get(session_id, 0) >= ACK_EVERY_BYTES:
+            self.flush_acks()
+        elif self._ack_timer is None and not self.closed:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self.flush_acks)
+
+    def flush_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self.closed:
+            return
+        acks, self._acks = self._acks, {}
+        for sid, offset in acks.items():
+            if offset > self._acked.get(sid, -1):
+                self._acked[sid] = offset
+                self._out.append(pb.ServerMessage(ack=pb.OutputAck(session_id=sid, offset=offset)))
+        if acks:
+            self._wake.set()
+
+    def forget_session(self, session_id: str) -> None:
+        self._acks.pop(session_id, None)
+        self._acked.pop(session_id, None)
+
+    async def outgoing(self) -> AsyncIterator[pb.ServerMessage]:
+        """The messages to write to the stream, until the connection closes."""
+        out = self._out
+        while not self.closed:
+            while out:
+                yield out.popleft()
+                if self.closed:
+                    return
+            self._wake.clear()
+            await self._wake.wait()
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.state = "closed"
+        self.close_reason = reason
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._wake.set()
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+
+class LinkHandler(Protocol):
+    """What the agent link tells the session layer (implemented by the session hub)."""
+
+    async def on_register(
+        self, conn: AgentConnection, register: pb.Register
+    ) -> tuple[list[pb.ResumeOutput], list[str]]:
+        """Reconcile the agent's sessions; returns where each kept session's output resumes and
+        which sessions the agent must end (or forget)."""
+        ...
+
+    def on_opened(self, conn: AgentConnection, msg: pb.SessionOpened) -> None: ...
+
+    def on_output(self, conn: AgentConnection, msg: pb.SessionOutput) -> None: ...
+
+    def on_exit(self, conn: AgentConnection, msg: pb.SessionExit) -> None: ...
+
+    def on_disconnect(self, conn: AgentConnection) -> None: ...

@@ -1,0 +1,393 @@
+"""The `AgentLink` gRPC service: Enroll, Renew and the Connect stream.
+
+Identity: `Connect` and `Renew` take the instance id from the client certificate that the TLS
+layer verified against the server CA (the `x509_pem_cert` of the auth context) and check it is a
+certificate this server issued, unrevoked, for a live instance. A message field never decides
+who the agent is: `Register.instance_id` is only compared, and a mismatch is refused.
+Every refusal is logged, audited (`outcome=denied`), counted (`sandbox_auth_failures_total`,
+`sandbox_agent_enrollments_total`) and published as an `agent.*` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from cryptography import x509
+from sqlalchemy import select
+
+from agentic_sandbox.broker.agentlink.ca import (
+    CertificateError,
+    instance_from_certificate,
+    serial_hex,
+)
+from agentic_sandbox.broker.agentlink.enrollment import Enrollment, EnrollmentRefused
+from agentic_sandbox.broker.agentlink.link import (
+    AgentConnection,
+    AgentInfo,
+    AgentMetrics,
+    LinkHandler,
+)
+from agentic_sandbox.broker.agentlink.registry import AgentRegistry
+from agentic_sandbox.broker.observability.audit import AuditLog
+from agentic_sandbox.broker.observability.events import EventBus
+from agentic_sandbox.broker.observability.metrics import Metrics
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.proto import agent_pb2 as pb
+from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+REGISTER_TIMEOUT = 10.0
+
+
+class PeerIdentity:
+    __slots__ = ("cert", "instance_id", "not_after", "serial")
+
+    def __init__(self, cert: x509.Certificate) -> None:
+        self.cert = cert
+        self.instance_id = instance_from_certificate(cert)
+        self.serial = serial_hex(cert)
+        self.not_after = cert.not_valid_after_utc
+
+
+def peer_certificate(context: grpc.aio.ServicerContext[Any, Any]) -> x509.Certificate | None:
+    auth = context.auth_context()
+    pems = auth.get("x509_pem_cert")
+    if not pems:
+        return None
+    return x509.load_pem_x509_certificate(pems[0])
+
+
+class AgentLinkService(pb_grpc.AgentLinkServicer):
+    def __init__(
+        self,
+        *,
+        db: Database,
+        enrollment: Enrollment,
+        registry: AgentRegistry,
+        handler: LinkHandler,
+        events: EventBus,
+        audit: AuditLog,
+        metrics: Metrics,
+        heartbeat_ms: int,
+        outbox_limit: int = 10_000,
+    ) -> None:
+        self._db = db
+        self._enrollment = enrollment
+        self._registry = registry
+        self._handler = handler
+        self._events = events
+        self._audit = audit
+        self._metrics = metrics
+        self._heartbeat_ms = heartbeat_ms
+        self._outbox_limit = outbox_limit
+        self._m_in = {
+            kind: metrics.grpc_messages.labels("in", kind)
+            for kind in ("register", "heartbeat", "opened", "output", "exit", "unknown")
+        }
+        self._m_out = {
+            kind: metrics.grpc_messages.labels("out", kind)
+            for kind in ("register_ack", "open", "input", "resize", "signal", "close", "ack")
+        }
+
+    # ---- refusals ------------------------------------------------------------------------------
+    def _refuse(
+        self,
+        action: str,
+        instance_id: str,
+        peer: str,
+        reason: str,
+        message: str,
+        *,
+        enrollment: bool = False,
+    ) -> None:
+        log.warning(
+            "agent %s refused for %s: %s (%s)",
+            action,
+            instance_id or "?",
+            message,
+            reason,
+            extra={"instance_id": instance_id, "peer": peer, "reason": reason},
+        )
+        self._metrics.auth_failures.labels(f"agent-{action}").inc()
+        if enrollment:
+            self._metrics.enrollments.labels(reason).inc()
+        self._audit.denied(
+            f"agent:{instance_id or 'unknown'}@{peer}",
+            f"agent.{action}",
+            "instance",
+            instance_id or "unknown",
+            f"{reason}: {message}",
+        )
+        self._events.publish(
+            "agent.refused",
+            actor=f"agent@{peer}",
+            instance_id=instance_id or None,
+            data={"action": action, "reason": reason, "message": message, "peer": peer},
+        )
+
+    async def _identity(
+        self, context: grpc.aio.ServicerContext[Any, Any], action: str
+    ) -> PeerIdentity:
+        peer = context.peer()
+        try:
+            cert = peer_certificate(context)
+        except ValueError:
+            cert = None
+        if cert is None:
+            self._refuse(
+                action,
+                "",
+                peer,
+                "no_client_certificate",
+                "a client certificate is required (use the mTLS listener)",
+            )
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "client certificate required")
+            raise AssertionError("unreachable")
+        try:
+            ident = PeerIdentity(cert)
+            self._enrollment.ca.verify_issued(cert)
+            await self._enrollment.check_certificate(ident.serial, ident.instance_id)
+        except CertificateError as exc:
+            self._refuse(action, "", peer, "bad_certificate", str(exc))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise AssertionError("unreachable") from None
+        except EnrollmentRefused as exc:
+            self._refuse(action, ident.instance_id, peer, exc.reason, exc.message)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            raise AssertionError("unreachable") from None
+        return ident
+
+    # ---- unary ---------------------------------------------------------------------------------
+    async def Enroll(
+        self, request: pb.EnrollRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EnrollResponse:
+        peer = context.peer()
+        try:
+            issued = await self._enrollment.enroll(
+                request.instance_id, request.token, bytes(request.csr_pem)
+            )
+        except EnrollmentRefused as exc:
+            self._refuse(
+                "enroll", request.instance_id[:63], peer, exc.reason, exc.message, enrollment=True
+            )
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            raise AssertionError("unreachable") from None
+        self._metrics.enrollments.labels("ok").inc()
+        owner = await self._owner(issued.instance_id)
+        self._audit.record(
+            f"agent:{issued.instance_id}@{peer}",
+            "agent.enroll",
+            "instance",
+            issued.instance_id,
+            detail={"serial": issued.serial, "not_after": issued.not_after.isoformat()},
+        )
+        self._events.publish(
+            "agent.enrolled",
+            actor=f"agent:{issued.instance_id}",
+            instance_id=issued.instance_id,
+            owner=owner,
+            data={"serial": issued.serial, "not_after": issued.not_after.isoformat(), "peer": peer},
+        )
+        log.info(
+            "agent %s enrolled",
+            issued.instance_id,
+            extra={"instance_id": issued.instance_id, "serial": issued.serial},
+        )
+        return pb.EnrollResponse(
+            certificate_pem=issued.pem,
+            ca_pem=self._enrollment.ca.certificate_pem,
+            not_after_unix=int(issued.not_after.timestamp()),
+        )
+
+    async def Renew(
+        self, request: pb.RenewRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RenewResponse:
+        ident = await self._identity(context, "renew")
+        peer = context.peer()
+        try:
+            issued = await self._enrollment.renew(
+                ident.instance_id, ident.serial, bytes(request.csr_pem)
+            )
+        except EnrollmentRefused as exc:
+            self._refuse("renew", ident.instance_id, peer, exc.reason, exc.message)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            raise AssertionError("unreachable") from None
+        self._metrics.enrollments.labels("renewed").inc()
+        self._audit.record(
+            f"agent:{ident.instance_id}",
+            "agent.renew",
+            "instance",
+            ident.instance_id,
+            detail={"old_serial": ident.serial, "serial": issued.serial},
+        )
+        self._events.publish(
+            "agent.renewed",
+            actor=f"agent:{ident.instance_id}",
+            instance_id=ident.instance_id,
+            owner=await self._owner(ident.instance_id),
+            data={"serial": issued.serial, "not_after": issued.not_after.isoformat()},
+        )
+        return pb.RenewResponse(
+            certificate_pem=issued.pem,
+            ca_pem=self._enrollment.ca.certificate_pem,
+            not_after_unix=int(issued.not_after.timestamp()),
+        )
+
+    async def _owner(self, instance_id: str) -> str:
+        async with self._db.session() as s:
+            owner = await s.scalar(select(m.Instance.owner).where(m.Instance.id == instance_id))
+        return owner or ""
+
+    # ---- the stream ------------------------------------------------------------------------------
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[pb.AgentMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.ServerMessage]:
+        ident = await self._identity(context, "connect")
+        peer = context.peer()
+        first: pb.AgentMessage | None
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), REGISTER_TIMEOUT)
+        except (TimeoutError, StopAsyncIteration):
+            first = None
+        if first is None or first.WhichOneof("body") != "register":
+            self._refuse(
+                "connect",
+                ident.instance_id,
+                peer,
+                "no_register",
+                "the first message must be `register`",
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected register first")
+            return
+        reg = first.register
+        if reg.instance_id and reg.instance_id != ident.instance_id:
+            self._refuse(
+                "connect",
+                ident.instance_id,
+                peer,
+                "instance_mismatch",
+                f"certificate names instance {ident.instance_id!r} but the agent claims "
+                f"{reg.instance_id[:63]!r}",
+            )
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this certificate belongs to another instance",
+            )
+            return
+        self._m_in["register"].inc()
+        conn = AgentConnection(
+            instance_id=ident.instance_id,
+            owner=await self._owner(ident.instance_id),
+            cert_serial=ident.serial,
+            cert_not_after=ident.not_after,
+            peer=peer,
+            outbox_limit=self._outbox_limit,
+            info=AgentInfo(
+                agent_version=reg.agent_version[:64],
+                hostname=reg.hostname[:255],
+                boot_id=reg.boot_id[:64],
+                agent_run_id=reg.agent_run_id[:64],
+                ring_bytes=reg.ring_bytes,
+            ),
+        )
+        conn.task = asyncio.current_task()
+        registry = self._registry
+        registry.attach(conn)
+        reader: asyncio.Task[None] | None = None
+        try:
+            resume, close = await self._handler.on_register(conn, reg)
+            conn.send(
+                pb.ServerMessage(
+                    register_ack=pb.RegisterAck(
+                        server_id=registry.server_id,
+                        heartbeat_interval_ms=self._heartbeat_ms,
+                        resume=resume,
+                        close=close,
+                    )
+                )
+            )
+            conn.registered = True
+            reader = asyncio.create_task(
+                self._read_loop(conn, request_iterator), name=f"agent-reader-{conn.instance_id}"
+            )
+            reader.add_done_callback(lambda t: self._reader_done(conn, t))
+            count = self._count_out
+            async for msg in conn.outgoing():
+                yield msg
+                count(msg)
+        except asyncio.CancelledError:
+            if not conn.close_reason:
+                raise
+        finally:
+            conn.close(conn.close_reason or "stream ended")
+            if reader is not None and not reader.done():
+                reader.cancel()
+            try:
+                self._handler.on_disconnect(conn)
+            finally:
+                registry.detach(conn)
+
+    @staticmethod
+    def _reader_done(conn: AgentConnection, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            conn.close(conn.close_reason or "stream ended")
+            return
+        exc = task.exception()
+        if exc is not None and not conn.closed:
+            log.warning(
+                "agent %s link failed: %s",
+                conn.instance_id,
+                exc,
+                extra={"instance_id": conn.instance_id},
+            )
+        conn.close("agent closed its stream" if exc is None else f"read failed: {exc}")
+
+    def _count_out(self, msg: pb.ServerMessage) -> None:
+        counter = self._m_out.get(msg.WhichOneof("body") or "")
+        if counter is not None:
+            counter.inc()
+
+    async def _read_loop(
+        self, conn: AgentConnection, request_iterator: AsyncIterator[pb.AgentMessage]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        handler = self._handler
+        registry = self._registry
+        m_in = self._m_in
+        async for msg in request_iterator:
+            registry.heard_from(conn, loop.time())
+            kind = msg.WhichOneof("body")
+            if kind == "output":
+                m_in["output"].inc()
+                handler.on_output(conn, msg.output)
+            elif kind == "heartbeat":
+                m_in["heartbeat"].inc()
+                conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
+                conn.metrics_dirty = True
+                conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
+                conn.send(
+                    pb.ServerMessage(
+                        heartbeat_ack=pb.HeartbeatAck(server_time_unix_ms=int(time.time() * 1000))
+                    )
+                )
+            elif kind == "opened":
+                m_in["opened"].inc()
+                handler.on_opened(conn, msg.opened)
+            elif kind == "exit":
+                m_in["exit"].inc()
+                handler.on_exit(conn, msg.exit)
+            else:
+                m_in["unknown"].inc()
+                log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
+            if conn.closed:
+                break

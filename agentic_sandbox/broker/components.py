@@ -1,0 +1,32 @@
+"""The list of server components beyond the foundation, in start order.
+
+Each layer (agent link, session hub, fleet, provisioning, A2A) adds itself here; tests can pass
+their own factory to `Server` instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentic_sandbox.broker.app import Component
+    from agentic_sandbox.broker.services import Services
+
+
+def build_components(svc: Services) -> list[Component]:
+    from agentic_sandbox.broker.a2a import A2AComponent
+    from agentic_sandbox.broker.agentlink import AgentLinkComponent
+    from agentic_sandbox.broker.instances import FleetComponent
+    from agentic_sandbox.broker.instances.enroller import LinkEnroller
+    from agentic_sandbox.broker.sessions.component import SessionsComponent
+    from agentic_sandbox.broker.tasks import TasksComponent
+
+    # The hub starts first (it loads unfinished sessions) and stops last; the agent link
+    # hands every agent message to it.
+    sessions = SessionsComponent(svc)
+    agent_link = AgentLinkComponent(svc, handler=sessions.hub)
+    sessions.hub.use_registry(agent_link.registry)
+    tasks = TasksComponent(svc)  # tasks and A2A: after the hub, so recovery can follow runs
+    # The fleet last: provisioning waits for agents through the agent link.
+    fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
+    return [sessions, agent_link, tasks, A2AComponent(svc, tasks.service), fleet]

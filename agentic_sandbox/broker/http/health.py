@@ -1,0 +1,90 @@
+"""Health probes and the OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from agentic_sandbox.broker.auth.principal import Role
+from agentic_sandbox.broker.http.openapi import build_openapi
+from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery, route_specs
+from agentic_sandbox.broker.http.schemas import Output
+from agentic_sandbox.broker.services import services
+
+api = ApiRoutes()
+
+CHECK_TIMEOUT = 3.0
+VERSION = "0.1.0"
+
+
+class Health(Output):
+    status: str
+    server_id: str
+    version: str
+
+
+class ReadyCheck(Output):
+    ok: bool
+    detail: str
+
+
+class Ready(Output):
+    status: str
+    checks: dict[str, ReadyCheck]
+
+
+@api.get("/healthz", response=Health, role=None, summary="The process is alive", tag="health")
+async def healthz(call: Call[NoBody, NoQuery]) -> Health:
+    svc = services(call.request)
+    return Health(status="ok", server_id=svc.server_id, version=VERSION)
+
+
+@api.get(
+    "/readyz",
+    response=Ready,
+    role=None,
+    summary="Ready to serve: database reachable, libvirt reachable when configured",
+    tag="health",
+    responses={503: "not ready; `checks` says which dependency and why"},
+)
+async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
+    svc = services(call.request)
+
+    async def db_check() -> tuple[bool, str]:
+        await svc.db.ping()
+        return True, svc.db.dialect
+
+    checks = {"database": db_check, **svc.readiness}
+    results: dict[str, ReadyCheck] = {}
+    for name, check in checks.items():
+        try:
+            ok, detail = await asyncio.wait_for(check(), CHECK_TIMEOUT)
+        except TimeoutError:
+            ok, detail = False, f"no answer within {CHECK_TIMEOUT:.0f}s"
+        except Exception as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        results[name] = ReadyCheck(ok=ok, detail=detail)
+    ready = all(r.ok for r in results.values())
+    body = Ready(status="ready" if ready else "not-ready", checks=results)
+    return web.json_response(body.model_dump(mode="json"), status=200 if ready else 503)
+
+
+@api.get(
+    "/api/openapi.json",
+    role=Role.viewer,
+    content_type="application/json",
+    summary="This OpenAPI 3.1 document",
+    tag="meta",
+)
+async def openapi_doc(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
+    svc = services(call.request)
+    specs = [s for s in route_specs(call.request.app) if s.path.startswith("/api/")]
+    doc = build_openapi(
+        specs,
+        title="agentic-sandbox",
+        version=VERSION,
+        server_url=svc.settings.effective_public_url,
+    )
+    return web.Response(text=json.dumps(doc), content_type="application/json")

@@ -1,0 +1,192 @@
+"""Request pipeline: correlation id → metrics → authentication → rate limit → problems.
+
+Authentication accepts, in order: `Authorization: Bearer <token>`, the WebSocket subprotocol
+`bearer.<token>` (browsers cannot set headers on a WebSocket), and the dashboard cookie (a
+mutating request with the cookie needs `X-CSRF-Token`). A present-but-invalid credential is a
+401 on any route that needs one; every refusal is counted and audited.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from agentic_sandbox.broker.auth.credentials import same
+from agentic_sandbox.broker.http.problems import ProblemError
+from agentic_sandbox.broker.http.routing import AUTH_ERROR, CSRF_TOKEN, DENIED_REASON, PRINCIPAL_KEY
+from agentic_sandbox.broker.observability.logs import accept_request_id, correlation_id
+from agentic_sandbox.broker.services import services
+
+log = logging.getLogger("broker.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SESSION_COOKIE = "sbx_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def route_label(request: web.Request) -> str:
+    """The route template (bounded), never the concrete path."""
+    info = request.match_info
+    route = getattr(info, "route", None)
+    resource = getattr(route, "resource", None) if route is not None else None
+    if resource is None:
+        return "unmatched"
+    canonical: str = resource.canonical
+    return canonical if canonical else "unmatched"
+
+
+def websocket_bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Sec-WebSocket-Protocol", "")
+    for proto in header.split(","):
+        proto = proto.strip()
+        if proto.startswith("bearer."):
+            return proto[len("bearer.") :]
+    return None
+
+
+@web.middleware
+async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    cid = accept_request_id(request.headers.get("X-Request-Id"))
+    token = correlation_id.set(cid)
+    started = time.perf_counter()
+    svc = services(request)
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers["X-Request-Id"] = cid
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        exc.headers["X-Request-Id"] = cid
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        route = route_label(request)
+        svc.metrics.http_requests.labels(route, request.method, str(status)).inc()
+        svc.metrics.http_duration.labels(route, request.method).observe(elapsed)
+        if status in (401, 403):
+            _audit_refusal(request, status)
+        log.info(
+            "%s %s %s %.1fms",
+            request.method,
+            request.path,
+            status,
+            elapsed * 1000,
+            extra={
+                "method": request.method,
+                "path": request.path,
+                "status": status,
+                "ms": round(elapsed * 1000, 2),
+                "remote": request.remote,
+            },
+        )
+        correlation_id.reset(token)
+
+
+def _audit_refusal(request: web.Request, status: int) -> None:
+    svc = services(request)
+    principal = request.get(PRINCIPAL_KEY)
+    reason = (
+        request.get(DENIED_REASON)
+        or request.get(AUTH_ERROR)
+        or ("no credentials" if status == 401 else "forbidden")
+    )
+    kind = "unauthenticated" if status == 401 else "forbidden"
+    svc.metrics.auth_failures.labels(kind).inc()
+    actor = principal.actor if principal is not None else f"anonymous@{request.remote}"
+    svc.audit.denied(
+        actor, f"{request.method} {route_label(request)}", "route", request.path, reason
+    )
+    svc.events.publish(
+        "auth.denied",
+        actor=actor,
+        data={
+            "status": status,
+            "method": request.method,
+            "route": route_label(request),
+            "reason": reason,
+        },
+    )
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    svc = services(request)
+    bearer: str | None = None
+    header = request.headers.get("Authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            request[AUTH_ERROR] = "malformed Authorization header"
+            raise ProblemError(401, "Authorization must be 'Bearer <token>'")
+        bearer = value.strip()
+    else:
+        bearer = websocket_bearer(request)
+
+    if bearer is not None:
+        principal = await svc.auth.resolve_bearer(bearer)
+        if principal is None:
+            request[AUTH_ERROR] = "invalid, expired or revoked token"
+            raise ProblemError(
+                401,
+                "the token is invalid, expired or revoked",
+                code="invalid-token",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        request[PRINCIPAL_KEY] = principal
+    else:
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            resolved = await svc.auth.resolve_cookie(cookie)
+            if resolved is not None:
+                principal, csrf = resolved
+                if request.method not in SAFE_METHODS and not _csrf_ok(request, csrf):
+                    request[AUTH_ERROR] = "missing or wrong CSRF token"
+                    raise ProblemError(
+                        403,
+                        f"a cookie-authenticated change needs the {CSRF_HEADER} header",
+                        code="csrf",
+                    )
+                request[PRINCIPAL_KEY] = principal
+                request[CSRF_TOKEN] = csrf
+
+    principal = request.get(PRINCIPAL_KEY)
+    if principal is not None:
+        wait = svc.ratelimit.take(principal.credential_id)
+        if wait > 0:
+            svc.metrics.rate_limited.inc()
+            raise ProblemError(
+                429,
+                "rate limit exceeded for this token",
+                code="rate-limited",
+                headers={"Retry-After": str(int(wait) + 1)},
+            )
+    return await handler(request)
+
+
+def _csrf_ok(request: web.Request, expected: str) -> bool:
+    given = request.headers.get(CSRF_HEADER, "")
+    return bool(given) and same(given, expected)
+
+
+@web.middleware
+async def security_headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if response.content_type == "text/html":
+            response.headers.setdefault("X-Frame-Options", "DENY")
+            response.headers.setdefault(
+                "Content-Security-Policy",
+                "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+            )
+    return response

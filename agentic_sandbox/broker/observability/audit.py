@@ -1,0 +1,183 @@
+"""The audit log: state transitions and denied requests, with actor, cause and time.
+
+Entries are written by a background batch writer (callers never wait on the database) and are
+queryable by subject. `flush()` makes everything recorded so far durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from agentic_sandbox.broker.observability.logs import correlation_id, redactor
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store import models as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    actor: str
+    action: str
+    subject_type: str
+    subject_id: str
+    outcome: str = "ok"  # ok | denied | failed
+    cause: str = ""
+    from_state: str | None = None
+    to_state: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    time: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    correlation_id: str | None = None
+
+
+class AuditLog:
+    def __init__(self, db: Database, *, limit: int = 100_000) -> None:
+        self._db = db
+        self._pending: deque[AuditRecord] = deque()
+        self._limit = limit
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._writer: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    async def start(self) -> None:
+        self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
+
+    def record(
+        self,
+        actor: str,
+        action: str,
+        subject_type: str,
+        subject_id: str,
+        *,
+        outcome: str = "ok",
+        cause: str = "",
+        from_state: str | None = None,
+        to_state: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        if len(self._pending) >= self._limit:
+            self._pending.popleft()
+            self.dropped += 1
+            log.error("audit backlog full; oldest unwritten entry dropped")
+        self._pending.append(
+            AuditRecord(
+                actor=actor,
+                action=action,
+                subject_type=subject_type,
+                subject_id=subject_id,
+                outcome=outcome,
+                cause=redactor.text(cause),
+                from_state=from_state,
+                to_state=to_state,
+                detail=redactor.data(detail or {}),
+                correlation_id=correlation_id.get(),
+            )
+        )
+        self._wake.set()
+
+    def transition(
+        self,
+        actor: str,
+        subject_type: str,
+        subject_id: str,
+        from_state: str | None,
+        to_state: str,
+        *,
+        cause: str = "",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        self.record(
+            actor,
+            f"{subject_type}.transition",
+            subject_type,
+            subject_id,
+            cause=cause,
+            from_state=from_state,
+            to_state=to_state,
+            detail=detail,
+        )
+
+    def denied(
+        self, actor: str, action: str, subject_type: str, subject_id: str, cause: str
+    ) -> None:
+        self.record(actor, action, subject_type, subject_id, outcome="denied", cause=cause)
+
+    async def query(
+        self,
+        *,
+        subject_type: str | None = None,
+        subject_id: str | None = None,
+        actor: str | None = None,
+        outcome: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[m.AuditEntry]:
+        await self.flush()
+        stmt = select(m.AuditEntry).where(m.AuditEntry.id > after).order_by(m.AuditEntry.id)
+        if subject_type:
+            stmt = stmt.where(m.AuditEntry.subject_type == subject_type)
+        if subject_id:
+            stmt = stmt.where(m.AuditEntry.subject_id == subject_id)
+        if actor:
+            stmt = stmt.where(m.AuditEntry.actor == actor)
+        if outcome:
+            stmt = stmt.where(m.AuditEntry.outcome == outcome)
+        async with self._db.session() as s:
+            return list((await s.scalars(stmt.limit(limit))).all())
+
+    async def flush(self) -> None:
+        async with self._lock:
+            while self._pending:
+                batch = list(self._pending)[:500]
+                async with self._db.session() as s:
+                    s.add_all(
+                        m.AuditEntry(
+                            time=r.time,
+                            actor=r.actor,
+                            action=r.action,
+                            subject_type=r.subject_type,
+                            subject_id=r.subject_id,
+                            outcome=r.outcome,
+                            cause=r.cause,
+                            from_state=r.from_state,
+                            to_state=r.to_state,
+                            correlation_id=r.correlation_id,
+                            detail=r.detail,
+                        )
+                        for r in batch
+                    )
+                for _ in batch:
+                    self._pending.popleft()
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("writing the audit log failed; retrying")
+                await asyncio.sleep(1)
+                self._wake.set()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            try:
+                await self._writer
+            except asyncio.CancelledError:
+                pass
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("final audit flush failed")

@@ -1,0 +1,48 @@
+"""The server's components, built once at start-up and reachable from every handler.
+
+Handlers get them with `services(request)`; components never reach for globals.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.auth.service import AuthService
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.observability.audit import AuditLog
+from agentic_sandbox.broker.observability.events import EventBus
+from agentic_sandbox.broker.observability.metrics import Metrics
+from agentic_sandbox.broker.secrets.vault import Vault
+from agentic_sandbox.broker.sessions.contract import SessionService
+from agentic_sandbox.broker.store import Database
+
+ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    events: EventBus
+    audit: AuditLog
+    metrics: Metrics
+    auth: AuthService
+    vault: Vault
+    ratelimit: RateLimiter
+    server_id: str
+    started_at: dt.datetime
+    readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
+    # Set by the layers built on the foundation when they start.
+    sessions: SessionService | None = None
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+def services(request: web.Request) -> Services:
+    return request.app[SERVICES]

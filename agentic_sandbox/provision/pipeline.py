@@ -1,0 +1,439 @@
+"""The provisioning pipeline: name + loadout → a running VM whose agent has enrolled.
+
+Stages, each timed and reported as it begins: `seed` (render the NoCloud seed), `placing`,
+`disk`, `defining`, `booting` (or restoring a saved state), `enrolling` (waiting for the agent),
+then `ready`, or `failed` with the stage and the cause. On failure nothing is left behind: the
+fleet undoes its half-made instance, this layer deletes a made one, removes its seed, and the
+enroller forgets the instance's tokens.
+
+Three sources: a cold boot from an image, a clone from a saved memory state (a snapshot with
+memory), or a hand-off from the warm pool (restored and paused in advance). Clones get their new
+identity from their new seed, which the in-guest agent reads when it notices it was restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from agentic_sandbox.fleet import (
+    CloneSpec,
+    EgressPolicy,
+    Fleet,
+    FleetError,
+    Instance,
+    InstanceSpec,
+    KernelBoot,
+    Resources,
+    observe_stages,
+)
+from agentic_sandbox.images import BuiltImage
+from agentic_sandbox.provision.bundle import AgentBundle, BundleError
+from agentic_sandbox.provision.cloudinit import (
+    AgentBootstrap,
+    render_meta_data,
+    render_network_config,
+    render_user_data,
+)
+from agentic_sandbox.provision.loadouts import Loadout
+from agentic_sandbox.provision.seed import SeedFiles, write_seed_iso
+
+log = logging.getLogger(__name__)
+
+STAGES = ("seed", "placing", "disk", "defining", "booting", "enrolling", "ready")
+# fleet step names → pipeline stages
+_FLEET_STAGE = {
+    "placing": "placing",
+    "ports": "placing",
+    "disk": "disk",
+    "seed": "disk",  # copying the (already written) seed next to the overlay
+    "defining": "defining",
+    "booting": "booting",
+    "restoring": "booting",
+}
+IDENTITY_FILE = "agentic-sandbox.json"
+
+
+class ProvisionError(Exception):
+    """A provision that failed: `stage` where, `cause` why (one line), `diagnostics` if any."""
+
+    def __init__(self, stage: str, cause: str, diagnostics: str = "") -> None:
+        super().__init__(f"failed at {stage}: {cause}")
+        self.stage = stage
+        self.cause = cause
+        self.diagnostics = diagnostics
+        self.stages: list[dict[str, Any]] = []  # the timings up to the failure
+
+
+@dataclass(frozen=True)
+class EnrollmentGrant:
+    token: str
+    ca_pem: str
+    server_address: str  # as the guest sees it, e.g. 10.0.2.2:8120
+    server_name: str  # the TLS name the agent verifies
+    agent_port: int  # the host port the guest's agent-link forward targets
+    enroll_address: str = ""  # the enrollment listener as the guest sees it
+
+
+class Enroller(Protocol):
+    """How the pipeline gets an instance's agent enrolled (the server implements it)."""
+
+    async def grant(self, instance_id: str) -> EnrollmentGrant: ...
+
+    async def wait_ready(self, instance_id: str) -> None:
+        """Return when the instance's agent is connected (the caller bounds the wait)."""
+        ...
+
+    async def forget(self, instance_id: str) -> None:
+        """Revoke the instance's tokens and certificates (after a failed provision)."""
+        ...
+
+
+@dataclass
+class StageRecord:
+    name: str
+    started: float  # time.monotonic()
+    seconds: float | None = None
+
+    def as_dict(self, origin: float) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "at": round(self.started - origin, 3),
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+        }
+
+
+StageListener = Callable[[str, list[StageRecord]], None]
+
+
+@dataclass
+class StageClock:
+    """Times stages; a stage ends when the next begins."""
+
+    listener: StageListener | None = None
+    records: list[StageRecord] = field(default_factory=list)
+    origin: float = field(default_factory=time.monotonic)
+
+    @property
+    def current(self) -> str | None:
+        return self.records[-1].name if self.records else None
+
+    def begin(self, name: str) -> None:
+        now = time.monotonic()
+        if self.records and self.records[-1].name == name:
+            return
+        if self.records and self.records[-1].seconds is None:
+            self.records[-1].seconds = now - self.records[-1].started
+        self.records.append(StageRecord(name, now))
+        if self.listener is not None:
+            self.listener(name, self.records)
+
+    def finish(self) -> None:
+        if self.records and self.records[-1].seconds is None:
+            self.records[-1].seconds = time.monotonic() - self.records[-1].started
+
+    def timings(self) -> list[dict[str, Any]]:
+        return [r.as_dict(self.origin) for r in self.records]
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    instance_id: str
+    owner: str
+    loadout: Loadout
+    source: Literal["image", "state", "pool"] = "image"
+    image: BuiltImage | None = None
+    state_id: str | None = None
+    pool_key: str | None = None
+    vcpus: int | None = None
+    memory_mib: int | None = None
+    disk_gib: int | None = None
+    network: EgressPolicy | None = None
+    ssh_keys: tuple[str, ...] = ()
+    host: str | None = None
+    host_labels: dict[str, str] = field(default_factory=dict)
+    ready_timeout: float = 240.0
+    start: bool = True
+    wait_ready: bool = True
+
+    @property
+    def egress(self) -> EgressPolicy:
+        return self.network or EgressPolicy(self.loadout.network)
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    instance: Instance
+    stages: list[dict[str, Any]]
+    seconds: float
+    source: str
+
+
+class Provisioner:
+    def __init__(
+        self,
+        fleet: Fleet,
+        work_dir: Path,
+        *,
+        agent_port: int = 8120,
+        diagnose: Callable[[Instance], Any] | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.work_dir = work_dir
+        self.agent_port = agent_port
+        self._diagnose = diagnose
+        self.bundles = AgentBundle()
+        self._bundle: bytes | None = None
+
+    # ---- inputs ------------------------------------------------------------------------------
+    def bundle(self) -> bytes:
+        """The agent bundle of the provision under way (checked), or for a dry run's display."""
+        if self._bundle is None:
+            self._bundle = self.bundles.checked()
+        return self._bundle
+
+    async def check_bundle(self) -> bytes:
+        """Rebuild the agent bundle from the files on disk and check that it imports (once per
+        distinct content); a `ProvisionError` at stage `seed` when it does not."""
+        try:
+            self._bundle = await asyncio.to_thread(self.bundles.checked)
+        except (BundleError, OSError) as exc:
+            raise ProvisionError("seed", str(exc)) from None
+        return self._bundle
+
+    def check(self, req: ProvisionRequest) -> None:
+        """Refuse requests that cannot work, before touching anything."""
+        if req.egress is EgressPolicy.ISOLATED and req.loadout.needs_network_at_boot:
+            raise ProvisionError(
+                "placing",
+                f"loadout {req.loadout.name!r} installs packages at first boot, which needs "
+                "network 'nat' (this instance is 'isolated')",
+            )
+        if req.source == "image":
+            if req.image is None:
+                raise ProvisionError("placing", "no image given for a cold create")
+            if req.image.needs_agent_runtime and req.egress is EgressPolicy.ISOLATED:
+                raise ProvisionError(
+                    "placing",
+                    f"image {req.image.name} is a cloud image without the agent runtime; "
+                    "installing it at first boot needs network 'nat'",
+                )
+        elif req.source == "state" and not req.state_id:
+            raise ProvisionError("placing", "no saved state given for a clone")
+        elif req.source == "pool" and not req.pool_key:
+            raise ProvisionError("placing", "no pool key given")
+
+    def seed_files(
+        self,
+        req: ProvisionRequest,
+        grant: EnrollmentGrant | None,
+        runtime_baked: bool = True,
+        *,
+        for_display: bool = False,
+    ) -> SeedFiles:
+        import json
+
+        hostname = req.instance_id
+        server = grant.server_address if grant else f"10.0.2.2:{self.agent_port}"
+        bootstrap = AgentBootstrap(
+            instance_id=req.instance_id,
+            server_address=server,
+            enroll_address=(grant.enroll_address if grant else "")
+            or f"10.0.2.2:{int(server.rpartition(':')[2]) + 1}",
+            server_name=grant.server_name if grant else "agentic-sandbox-server",
+            enrollment_token=grant.token if grant else "",
+            ca_pem=grant.ca_pem if grant else "",
+            bundle=self.bundle(),
+            runtime_baked=runtime_baked,
+        )
+        identity = {
+            **bootstrap.config(),
+            "hostname": hostname,
+            "enrollment_token": bootstrap.enrollment_token,
+            "ca_pem": bootstrap.ca_pem,
+            "issued_at": time.time(),
+        }
+        return SeedFiles(
+            user_data=render_user_data(
+                hostname=hostname,
+                loadout=req.loadout,
+                bootstrap=bootstrap,
+                ssh_keys=list(req.ssh_keys),
+                elide_bundle=for_display,
+                nat=req.egress is EgressPolicy.NAT,
+            ),
+            meta_data=render_meta_data(req.instance_id, hostname),
+            network_config=render_network_config(
+                "static" if req.egress is EgressPolicy.ISOLATED else "dhcp"
+            ),
+            extra={IDENTITY_FILE: json.dumps(identity, indent=2) + "\n"},
+        )
+
+    async def ensure_image(self, image: BuiltImage, host: str | None) -> dict[str, str]:
+        """Import the image's disk, kernel and initrd into the host's image store (once)."""
+        names = {"disk": f"{image.name}.qcow2"}
+        await self.fleet.import_image(names["disk"], str(image.disk), host=host)
+        if image.direct_kernel_boot and image.kernel is not None:
+            names["kernel"] = f"{image.name}.vmlinuz"
+            await self.fleet.import_image(names["kernel"], str(image.kernel), host=host)
+            if image.initrd is not None:
+                names["initrd"] = f"{image.name}.initrd"
+                await self.fleet.import_image(names["initrd"], str(image.initrd), host=host)
+        return names
+
+    # ---- the pipeline ------------------------------------------------------------------------
+    async def provision(
+        self,
+        req: ProvisionRequest,
+        enroller: Enroller | None,
+        listener: StageListener | None = None,
+    ) -> ProvisionResult:
+        clock = StageClock(listener)
+        started = time.monotonic()
+        seed_path = self.work_dir / "seeds" / f"{req.instance_id}.iso"
+        made: Instance | None = None
+        granted = False
+        try:
+            clock.begin("seed")
+            self.check(req)
+            await self.check_bundle()
+            grant = await enroller.grant(req.instance_id) if enroller is not None else None
+            granted = grant is not None
+            runtime_baked = req.image.agent_runtime_baked if req.image is not None else True
+            seed = self.seed_files(req, grant, runtime_baked)
+            await asyncio.to_thread(write_seed_iso, seed_path, seed)
+            agent_port = grant.agent_port if grant else self.agent_port
+
+            def on_fleet_stage(step: str) -> None:
+                stage = _FLEET_STAGE.get(step)
+                if stage is not None:
+                    clock.begin(stage)
+
+            clock.begin("placing")  # includes putting the image on the host(s), once per image
+            with observe_stages(on_fleet_stage):
+                made = await self._make(req, seed_path, agent_port)
+            if req.start and req.wait_ready and enroller is not None:
+                clock.begin("enrolling")
+                try:
+                    async with asyncio.timeout(req.ready_timeout):
+                        await enroller.wait_ready(req.instance_id)
+                except TimeoutError:
+                    why = await self._why_not_enrolled(made)
+                    raise ProvisionError(
+                        "enrolling",
+                        f"the agent did not enroll within {req.ready_timeout:.0f}s",
+                        why,
+                    ) from None
+            clock.begin("ready")
+            clock.finish()
+            return ProvisionResult(
+                instance=made,
+                stages=clock.timings(),
+                seconds=time.monotonic() - started,
+                source=req.source,
+            )
+        except BaseException as exc:
+            stage = clock.current or "seed"
+            if isinstance(exc, FleetError):
+                stage = _FLEET_STAGE.get(exc.stage or "", exc.stage or stage)
+            clock.finish()
+            await asyncio.shield(
+                self._cleanup(req.instance_id, made, enroller if granted else None)
+            )
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            if isinstance(exc, ProvisionError):
+                failure = exc
+            elif isinstance(exc, FleetError):
+                failure = ProvisionError(stage, str(exc))
+            else:
+                failure = ProvisionError(stage, f"{type(exc).__name__}: {exc}")
+            failure.stages = clock.timings()
+            if failure is exc:
+                raise
+            raise failure from exc
+        finally:
+            seed_path.unlink(missing_ok=True)
+
+    async def _make(self, req: ProvisionRequest, seed_path: Path, agent_port: int) -> Instance:
+        spec_clone = CloneSpec(
+            instance_id=req.instance_id,
+            owner=req.owner,
+            loadout=req.loadout.name,
+            egress=req.egress,
+            agent_port=agent_port,
+            seed=str(seed_path),
+        )
+        if req.source == "pool":
+            assert req.pool_key is not None
+            inst = await self.fleet.take_from_pool(req.pool_key, spec_clone)
+            if inst is not None:
+                return inst
+            status = {p.key: p for p in await self.fleet.pool_status()}.get(req.pool_key)
+            if status is None:
+                raise ProvisionError("placing", f"no warm pool {req.pool_key!r}")
+            return await self.fleet.clone_from_state(status.state_id, spec_clone)
+        if req.source == "state":
+            assert req.state_id is not None
+            return await self.fleet.clone_from_state(req.state_id, spec_clone)
+        assert req.image is not None
+        names = await self.ensure_image(req.image, req.host)
+        res = req.loadout.resources
+        boot: KernelBoot | None = None
+        if "kernel" in names:
+            boot = KernelBoot(
+                kernel=names["kernel"],
+                initrd=names.get("initrd"),
+                cmdline=req.image.kernel_cmdline or "console=ttyS0",
+            )
+        spec = InstanceSpec(
+            instance_id=req.instance_id,
+            owner=req.owner,
+            image=names["disk"],
+            loadout=req.loadout.name,
+            resources=Resources(
+                vcpus=req.vcpus or res.cpus,
+                memory_mib=req.memory_mib or res.memory_mib,
+                disk_gib=req.disk_gib or res.disk_gib,
+            ),
+            egress=req.egress,
+            agent_port=agent_port,
+            seed=str(seed_path),
+            host=req.host,
+            host_labels=req.host_labels,
+            **({"boot": boot} if boot is not None else {}),
+        )
+        return await self.fleet.create(spec, start=req.start)
+
+    async def _why_not_enrolled(self, inst: Instance) -> str:
+        parts: list[str] = []
+        try:
+            log_bytes = await self.fleet.read_serial_log(inst.instance_id)
+            tail = log_bytes[-4000:].decode("utf-8", "replace")
+            parts.append("serial console (tail):\n" + tail)
+        except Exception as exc:  # diagnostics must not mask the real failure
+            parts.append(f"serial console unavailable: {exc}")
+        if self._diagnose is not None:
+            try:
+                parts.append(str(await self._diagnose(inst)))
+            except Exception as exc:
+                parts.append(f"ssh diagnosis failed: {exc}")
+        return "\n".join(parts)
+
+    async def _cleanup(
+        self, instance_id: str, made: Instance | None, enroller: Enroller | None
+    ) -> None:
+        try:
+            await self.fleet.delete(instance_id)
+        except Exception:
+            log.exception("clean-up: deleting %s failed", instance_id)
+        if enroller is not None:
+            try:
+                await enroller.forget(instance_id)
+            except Exception:
+                log.exception("clean-up: forgetting %s's enrollment failed", instance_id)

@@ -1,5 +1,0 @@
-"""Long-running operations (provisioning, image builds) with stages and progress."""
-
-from broker.operations.runner import OperationFailed, OperationRunner, Progress
-
-__all__ = ["OperationFailed", "OperationRunner", "Progress"]

@@ -1,9 +1,0 @@
-"""Where the task service lives in the aiohttp application."""
-
-from __future__ import annotations
-
-from aiohttp import web
-
-from broker.tasks.service import TaskService
-
-TASKS = web.AppKey("tasks", TaskService)

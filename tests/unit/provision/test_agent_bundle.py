@@ -1,0 +1,89 @@
+"""The agent bundle is built from the project's own files by path and checked by importing it
+in a clean interpreter (`python -I -S`) before any guest boots."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import agentic_sandbox
+from agentic_sandbox.provision.bundle import (
+    PACKAGE_ROOT,
+    AgentBundle,
+    BundleError,
+    build_bundle,
+    check_bundle,
+)
+
+
+def _names(bundle: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(bundle)) as tar:
+        return set(tar.getnames())
+
+
+def test_the_bundle_holds_the_agent_and_its_generated_code_only() -> None:
+    names = _names(build_bundle())
+    assert "agentic_sandbox/__init__.py" in names
+    assert "agentic_sandbox/agent/runtime.py" in names
+    assert "agentic_sandbox/proto/agent_pb2.py" in names
+    assert "agentic_sandbox/proto/agent_pb2_grpc.py" in names
+    assert all(
+        n.startswith(("agentic_sandbox/agent/", "agentic_sandbox/proto/"))
+        for n in names
+        if n != "agentic_sandbox/__init__.py"
+    )
+    assert build_bundle() == build_bundle()  # reproducible
+
+
+def test_the_bundle_comes_from_our_files_whatever_a_generic_name_resolves_to() -> None:
+    """The user's trap: with the test extras installed, `proto` on sys.path is proto-plus
+    (a2a-sdk → google-api-core → proto-plus). The bundle does not look names up."""
+    spec = importlib.util.find_spec("proto")
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).resolve().parent != PACKAGE_ROOT / "proto"  # proto-plus, not ours
+    assert Path(agentic_sandbox.__file__).resolve().parent == PACKAGE_ROOT
+    with tarfile.open(fileobj=io.BytesIO(build_bundle())) as tar:
+        member = tar.extractfile("agentic_sandbox/proto/agent_pb2.py")
+        assert member is not None
+        assert member.read() == (PACKAGE_ROOT / "proto" / "agent_pb2.py").read_bytes()
+
+
+def test_a_good_bundle_imports_in_a_clean_interpreter() -> None:
+    check_bundle(build_bundle())
+
+
+def _bundle_without(missing: str) -> bytes:
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(build_bundle())) as src,
+        tarfile.open(fileobj=out, mode="w:gz") as dst,
+    ):
+        for member in src.getmembers():
+            if member.name == missing:
+                continue
+            dst.addfile(member, src.extractfile(member))
+    return out.getvalue()
+
+
+def test_a_bundle_missing_its_generated_code_is_a_clear_error() -> None:
+    with pytest.raises(BundleError) as err:
+        check_bundle(_bundle_without("agentic_sandbox/proto/agent_pb2.py"))
+    text = str(err.value)
+    assert "does not import in a clean interpreter" in text
+    assert "agent_pb2" in text and "Error" in text  # the traceback's last lines
+
+
+def test_a_bundle_that_is_not_a_tarball_is_refused() -> None:
+    with pytest.raises(BundleError, match="does not unpack"):
+        check_bundle(b"not a tarball")
+
+
+def test_the_check_runs_once_per_content() -> None:
+    bundles = AgentBundle()
+    first = bundles.checked()
+    assert bundles.checked() == first
+    assert len(bundles._checked) == 1
