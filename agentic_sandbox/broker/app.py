@@ -27,6 +27,7 @@ from agentic_sandbox.broker.http.middleware import (
     security_headers_middleware,
 )
 from agentic_sandbox.broker.http.problems import problem_middleware
+from agentic_sandbox.broker.incarnations import Incarnations
 from agentic_sandbox.broker.observability import routes as obs_routes
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
@@ -35,6 +36,7 @@ from agentic_sandbox.broker.secrets import routes as secret_routes
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.services import SERVICES, Services
 from agentic_sandbox.broker.store import Database
+from agentic_sandbox.fleet import guard_dir, qemu_gid
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ async def build_services(settings: Settings) -> Services:
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        data_dir.chmod(0o711)  # guests' files below are opened by libvirt's qemu user
+        # QEMU traverses it to the fleet's folders; no other local user gets in
+        guard_dir(data_dir, qemu_gid(settings.qemu_group))
     except PermissionError:
         pass
     db = Database(settings.effective_database_url)
@@ -92,9 +95,12 @@ async def build_services(settings: Settings) -> Services:
         auth=AuthService(db, web_session_ttl=settings.web_session_ttl_seconds),
         vault=Vault(db, data_dir / "secrets.key"),
         ratelimit=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        incarnations=Incarnations(db),
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
     )
+    svc.incarnations.on_end("api-keys and shares", svc.auth.end_incarnation)
+    svc.incarnations.on_end("secret bindings", svc.vault.end_incarnation)
     metrics.build_info.labels(health.VERSION).set(1)
     await events.start()
     await audit.start()

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         description="libvirt URI of the local host; empty disables libvirt (no fleet)",
     )
     public_url: str | None = None
+    qemu_group: str = Field(
+        default="libvirt-qemu",
+        max_length=64,
+        description="the group QEMU runs with; the data dir and the fleet's folders are "
+        "root:<it> 0710 when the server runs as root (no other local user gets in)",
+    )
 
     log_level: str = "INFO"
     log_format: str = Field(default="json", pattern="^(json|text)$")

@@ -41,6 +41,7 @@ from .models import (
     SnapshotInfo,
     validate_instance_id,
 )
+from .qemu_access import guard_dir, qemu_gid, traversal_problem
 from .service import Fleet
 from .warm_pool import PoolStatus
 
@@ -79,8 +80,11 @@ __all__ = [
     "Resources",
     "SavedState",
     "SnapshotInfo",
+    "guard_dir",
     "observe_stages",
     "preview_domain_xml",
     "probe_kvm",
+    "qemu_gid",
+    "traversal_problem",
     "validate_instance_id",
 ]

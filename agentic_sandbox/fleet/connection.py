@@ -25,6 +25,7 @@ from .errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure,
 from .kvm_probe import AccelReport, probe_kvm
 from .models import Accel, FleetConfig, HostSpec
 from .ports import PortAllocator
+from .qemu_access import qemu_gid
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -187,7 +188,12 @@ class HostConnection:
         ]
         info = conn.getInfo()
         self.memory_mib, self.cpus = int(info[1]), int(info[2])
-        storage = HostStorage(conn, self.data_dir, files_local=self.files_local)
+        storage = HostStorage(
+            conn,
+            self.data_dir,
+            files_local=self.files_local,
+            qemu_gid=qemu_gid(self.config.qemu_group),
+        )
         storage.ensure_pools()
         self.storage = storage
         self._decide_accel(conn)

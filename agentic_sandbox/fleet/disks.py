@@ -35,6 +35,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 
 from .errors import FleetError, NotFound
+from .qemu_access import guard_dir
 
 POOL_KINDS = ("bases", "instances", "states")
 POOL_PREFIX = "sbx-"
@@ -66,10 +67,18 @@ def _no_such(err: libvirt.libvirtError) -> bool:
 class HostStorage:
     """Storage of one host. ``files_local``: the host's paths are this machine's paths."""
 
-    def __init__(self, conn: libvirt.virConnect, data_dir: str, *, files_local: bool) -> None:
+    def __init__(
+        self,
+        conn: libvirt.virConnect,
+        data_dir: str,
+        *,
+        files_local: bool,
+        qemu_gid: int | None = None,
+    ) -> None:
         self.conn = conn
         self.data_dir = data_dir
         self.files_local = files_local
+        self.qemu_gid = qemu_gid
         self.virtual = conn.getType() == "TEST"
         self.dirs: dict[str, str] = {}
         self._pools: dict[str, libvirt.virStoragePool] = {}
@@ -86,8 +95,7 @@ class HostStorage:
                 if not _no_such(e):
                     raise
                 if self.files_local or self.virtual:
-                    os.makedirs(path, mode=0o755, exist_ok=True)
-                    os.chmod(path, 0o755)
+                    os.makedirs(path, mode=0o700, exist_ok=True)
                 pool = self.conn.storagePoolDefineXML(_pool_xml(name, path), 0)
                 with contextlib.suppress(libvirt.libvirtError):
                     pool.build(0)
@@ -102,8 +110,8 @@ class HostStorage:
             self.dirs[kind] = root.findtext("target/path", path)
             self._pools[kind] = pool
         for p in (self.data_dir, *self.dirs.values()):
-            if self.files_local and os.path.isdir(p):
-                os.chmod(p, 0o755)  # QEMU (libvirt-qemu) must traverse to reach its files
+            if (self.files_local or self.virtual) and os.path.isdir(p):
+                guard_dir(p, self.qemu_gid)  # QEMU traverses to its files; no other user
 
     def forget_pools(self) -> None:
         """Undefine the pools (their files stay)."""

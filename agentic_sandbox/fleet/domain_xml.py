@@ -413,6 +413,7 @@ def preview_domain_xml(
         domain=name,
         host=spec.host or "local",
         owner=spec.owner,
+        incarnation=spec.incarnation,
         image=spec.image,
         loadout=spec.loadout,
         overlay=posixpath.join(inst_dir, f"{name}.qcow2"),

@@ -184,6 +184,7 @@ class LifecycleOps(FleetBase):
             domain=name,
             host="",
             owner=spec.owner,
+            incarnation=spec.incarnation,
             image=spec.image,
             loadout=spec.loadout,
             egress=spec.egress,

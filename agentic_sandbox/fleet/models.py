@@ -144,6 +144,9 @@ class InstanceSpec(_Input):
 
     instance_id: InstanceId
     owner: str = Field(default="", max_length=128)
+    incarnation: str = Field(
+        default="", max_length=36, description="the server's id of this create of the instance id"
+    )
     image: Name = Field(description="base image volume name in the host's image store")
     loadout: str | None = Field(default=None, max_length=128)
     boot: KernelBoot | FirmwareBoot = FirmwareBoot()
@@ -164,6 +167,9 @@ class CloneSpec(_Input):
 
     instance_id: InstanceId
     owner: str = Field(default="", max_length=128)
+    incarnation: str = Field(
+        default="", max_length=36, description="the server's id of this create of the instance id"
+    )
     loadout: str | None = Field(default=None, max_length=128)
     egress: EgressPolicy = EgressPolicy.ISOLATED
     agent_port: Port = 8120
@@ -249,6 +255,12 @@ class FleetConfig(_Input):
         "does not compete with the guest that was just handed out",
     )
     default_uri: str = "qemu:///system"
+    qemu_group: str | None = Field(
+        default="libvirt-qemu",
+        max_length=64,
+        description="the group QEMU runs with: the fleet's folders are root:<it> 0710 (when "
+        "the server runs as root), so no other local user reaches seeds, disks or states",
+    )
     extra_agent_ports: tuple[Port, ...] = Field(
         default=(),
         max_length=4,
@@ -272,6 +284,7 @@ class InstanceRecord(BaseModel):
     domain: str
     host: str
     owner: str = ""
+    incarnation: str = ""  # the server's id of this create (recorded with the domain)
     image: str = ""
     loadout: str | None = None
     overlay: str = ""

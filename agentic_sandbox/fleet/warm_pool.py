@@ -201,6 +201,7 @@ class WarmPoolOps(FleetBase):
                     update={
                         "instance_id": spec.instance_id,
                         "owner": spec.owner,
+                        "incarnation": spec.incarnation,
                         "loadout": spec.loadout or e.record.loadout,
                         "pool": None,
                         "restart_on_crash": spec.restart_on_crash,

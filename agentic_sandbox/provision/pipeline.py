@@ -81,16 +81,18 @@ class EnrollmentGrant:
 
 
 class Enroller(Protocol):
-    """How the pipeline gets an instance's agent enrolled (the server implements it)."""
+    """How the pipeline gets an instance's agent enrolled (the server implements it). Every
+    call names the incarnation being provisioned (an opaque id the server gives each create):
+    a link of an earlier instance with the same id never counts."""
 
-    async def grant(self, instance_id: str) -> EnrollmentGrant: ...
+    async def grant(self, instance_id: str, incarnation: str) -> EnrollmentGrant: ...
 
-    async def wait_ready(self, instance_id: str) -> None:
-        """Return when the instance's agent is connected (the caller bounds the wait)."""
+    async def wait_ready(self, instance_id: str, incarnation: str) -> None:
+        """Return when the incarnation's agent is connected (the caller bounds the wait)."""
         ...
 
-    async def forget(self, instance_id: str) -> None:
-        """Revoke the instance's tokens and certificates (after a failed provision)."""
+    async def forget(self, instance_id: str, incarnation: str) -> None:
+        """Revoke the incarnation's tokens and certificates (after a failed provision)."""
         ...
 
 
@@ -147,6 +149,7 @@ class ProvisionRequest:
     owner: str
     loadout: Loadout
     source: Literal["image", "state", "pool"] = "image"
+    incarnation: str = ""  # the server's id of this create (needed with an enroller)
     image: BuiltImage | None = None
     state_id: str | None = None
     pool_key: str | None = None
@@ -301,8 +304,14 @@ class Provisioner:
         try:
             clock.begin("seed")
             self.check(req)
+            if enroller is not None and not req.incarnation:
+                raise ProvisionError("seed", "no incarnation given for an enrolled provision")
             await self.check_bundle()
-            grant = await enroller.grant(req.instance_id) if enroller is not None else None
+            grant = (
+                await enroller.grant(req.instance_id, req.incarnation)
+                if enroller is not None
+                else None
+            )
             granted = grant is not None
             runtime_baked = req.image.agent_runtime_baked if req.image is not None else True
             seed = self.seed_files(req, grant, runtime_baked)
@@ -321,7 +330,7 @@ class Provisioner:
                 clock.begin("enrolling")
                 try:
                     async with asyncio.timeout(req.ready_timeout):
-                        await enroller.wait_ready(req.instance_id)
+                        await enroller.wait_ready(req.instance_id, req.incarnation)
                 except TimeoutError:
                     why = await self._why_not_enrolled(made)
                     raise ProvisionError(
@@ -343,7 +352,7 @@ class Provisioner:
                 stage = _FLEET_STAGE.get(exc.stage or "", exc.stage or stage)
             clock.finish()
             await asyncio.shield(
-                self._cleanup(req.instance_id, made, enroller if granted else None)
+                self._cleanup(req.instance_id, req.incarnation, made, enroller if granted else None)
             )
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -364,6 +373,7 @@ class Provisioner:
         spec_clone = CloneSpec(
             instance_id=req.instance_id,
             owner=req.owner,
+            incarnation=req.incarnation,
             loadout=req.loadout.name,
             egress=req.egress,
             agent_port=agent_port,
@@ -394,6 +404,7 @@ class Provisioner:
         spec = InstanceSpec(
             instance_id=req.instance_id,
             owner=req.owner,
+            incarnation=req.incarnation,
             image=names["disk"],
             loadout=req.loadout.name,
             resources=Resources(
@@ -426,7 +437,7 @@ class Provisioner:
         return "\n".join(parts)
 
     async def _cleanup(
-        self, instance_id: str, made: Instance | None, enroller: Enroller | None
+        self, instance_id: str, incarnation: str, made: Instance | None, enroller: Enroller | None
     ) -> None:
         try:
             await self.fleet.delete(instance_id)
@@ -434,6 +445,6 @@ class Provisioner:
             log.exception("clean-up: deleting %s failed", instance_id)
         if enroller is not None:
             try:
-                await enroller.forget(instance_id)
+                await enroller.forget(instance_id, incarnation)
             except Exception:
                 log.exception("clean-up: forgetting %s's enrollment failed", instance_id)

@@ -40,7 +40,9 @@ def _iso_name(name: str) -> str:
 
 
 def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
-    """Write the seed atomically (temp file + rename), mode 0644 (QEMU reads it)."""
+    """Write the seed atomically (temp file + rename), mode 0600 in a 0700 folder: it holds a
+    one-time enrollment token. (The fleet copies it beside the instance's disk, where libvirt
+    hands it to QEMU.)"""
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=VOLUME_ID)
     try:
@@ -53,12 +55,14 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
                 joliet_path=f"/{name}",
             )
         tmp = path.with_name(path.name + ".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
             iso.write_fp(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         iso.close()

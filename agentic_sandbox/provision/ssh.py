@@ -25,7 +25,7 @@ DIAGNOSE_COMMAND = (
 def ensure_key(path: Path) -> str:
     """The server's SSH key (created 0600 on first use); returns the public key line."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = asyncssh.generate_private_key("ssh-ed25519", comment="agentic-sandbox-server")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:

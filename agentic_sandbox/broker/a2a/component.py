@@ -21,6 +21,7 @@ class A2AComponent:
 
     def __init__(self, svc: Services, tasks: TaskService) -> None:
         self.keys = InstanceKeys(svc.db, svc.vault)
+        svc.incarnations.on_end("agent-card keys", self.keys.end_incarnation)
         self.handler = A2AHandler(tasks, CardCache(self.keys), svc.settings)
 
     def install(self, app: web.Application) -> None:

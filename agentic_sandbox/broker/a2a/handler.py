@@ -203,8 +203,10 @@ class A2AHandler:
     async def list_tasks(self, call: A2ACall, req: ListTasksRequest) -> dict[str, Any]:
         call.require(SCOPE_READ)
         p = call.principal
+        instance = await self.tasks.instance(call.instance_id)
         flt = TaskFilter(
             instance_id=call.instance_id,
+            incarnation=instance.incarnation if instance is not None else "none",
             owner=None if p.is_admin else p.subject,
             context_id=req.context_id or None,
             states=(req.status,) if req.status else (),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 import warnings
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from typing import Any
 import rfc8785
 from joserfc import jws
 from joserfc.jwk import OKPKey
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
@@ -84,10 +86,15 @@ class InstanceKeys:
             if hit is not None:
                 return hit
             async with self._db.session() as s:
+                incarnation = await s.scalar(
+                    select(m.Instance.incarnation).where(m.Instance.id == instance_id)
+                )
                 row = await s.scalar(
                     select(m.InstanceKey)
                     .where(
-                        m.InstanceKey.instance_id == instance_id, m.InstanceKey.retired_at.is_(None)
+                        m.InstanceKey.instance_id == instance_id,
+                        m.InstanceKey.incarnation == incarnation,
+                        m.InstanceKey.retired_at.is_(None),
                     )
                     .order_by(m.InstanceKey.created_at.desc())
                     .limit(1)
@@ -102,6 +109,7 @@ class InstanceKeys:
                         m.InstanceKey(
                             kid=kid,
                             instance_id=instance_id,
+                            incarnation=incarnation or "",
                             private_ciphertext=sealed,
                             public_jwk=public,
                         )
@@ -127,3 +135,17 @@ class InstanceKeys:
                 )
             ).all()
         return {"keys": [dict(r.public_jwk) for r in rows]}
+
+    async def end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's card keys are retired: a new instance with the id signs its
+        card with a key of its own, and the old key no longer appears in its JWKS."""
+        self._cache.pop(ended.instance_id, None)
+        async with self._db.session() as s:
+            await s.execute(
+                update(m.InstanceKey)
+                .where(
+                    m.InstanceKey.instance_id == ended.instance_id,
+                    m.InstanceKey.retired_at.is_(None),
+                )
+                .values(retired_at=dt.datetime.now(dt.UTC))
+            )

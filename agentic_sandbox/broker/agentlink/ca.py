@@ -4,8 +4,9 @@
 - The gRPC listener's certificate is issued by the CA at every start, naming
   `agentic-sandbox-server` (the name agents verify), `localhost` and the loopback addresses.
 - Agent certificates name their instance in a URI SAN, `spiffe://agentic-sandbox/instance/<id>`
-  (plus a DNS SAN `<id>.instance.agentic-sandbox`), with the clientAuth extended key usage. The
-  server reads the instance id only from a certificate the TLS layer has verified.
+  (plus a DNS SAN `<id>.instance.agentic-sandbox`) and the instance's incarnation in a second URI
+  SAN, `urn:agentic-sandbox:incarnation:<uuid>`, with the clientAuth extended key usage. The
+  server reads both only from a certificate the TLS layer has verified.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SERVER_NAME = "agentic-sandbox-server"
 SPIFFE_PREFIX = "spiffe://agentic-sandbox/instance/"
+INCARNATION_PREFIX = "urn:agentic-sandbox:incarnation:"
 INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 CA_LIFETIME = dt.timedelta(days=3650)
 SERVER_CERT_LIFETIME = dt.timedelta(days=365)
@@ -40,6 +43,7 @@ class IssuedCertificate:
     pem: bytes
     serial: str
     instance_id: str
+    incarnation: str
     not_before: dt.datetime
     not_after: dt.datetime
 
@@ -74,6 +78,27 @@ def instance_from_certificate(cert: x509.Certificate) -> str:
     if not INSTANCE_RE.match(instance_id):
         raise CertificateError("certificate names an invalid instance id")
     return instance_id
+
+
+def incarnation_from_certificate(cert: x509.Certificate) -> str:
+    """The incarnation a (verified) agent certificate names; CertificateError if none or
+    several (a certificate from before incarnations names none: it is refused)."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        raise CertificateError("certificate has no subject alternative name") from None
+    found = {
+        uri[len(INCARNATION_PREFIX) :]
+        for uri in san.get_values_for_type(x509.UniformResourceIdentifier)
+        if uri.startswith(INCARNATION_PREFIX)
+    }
+    if len(found) != 1:
+        raise CertificateError("certificate must name exactly one instance incarnation")
+    value = found.pop()
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise CertificateError("certificate names an invalid incarnation") from None
 
 
 def serial_hex(cert: x509.Certificate) -> str:
@@ -217,11 +242,13 @@ class CertificateAuthority:
         return key_pem, cert.public_bytes(serialization.Encoding.PEM) + self.certificate_pem
 
     def issue_agent(
-        self, csr_pem: bytes, instance_id: str, lifetime: dt.timedelta
+        self, csr_pem: bytes, instance_id: str, incarnation: str, lifetime: dt.timedelta
     ) -> IssuedCertificate:
-        """Sign an agent's CSR for `instance_id` (the CSR's subject is ignored)."""
+        """Sign an agent's CSR for one incarnation of `instance_id` (the CSR's subject is
+        ignored)."""
         if not INSTANCE_RE.match(instance_id):
             raise CertificateError("invalid instance id")
+        incarnation = str(uuid.UUID(incarnation))
         try:
             csr = x509.load_pem_x509_csr(csr_pem)
         except ValueError as exc:
@@ -243,6 +270,7 @@ class CertificateAuthority:
             raise CertificateError("unsupported key type (use EC P-256/P-384, RSA or Ed25519)")
         sans: list[x509.GeneralName] = [
             x509.UniformResourceIdentifier(instance_uri(instance_id)),
+            x509.UniformResourceIdentifier(INCARNATION_PREFIX + incarnation),
             x509.DNSName(f"{instance_id}.instance.agentic-sandbox"),
         ]
         cert = self._leaf(public_key, instance_id, sans, ExtendedKeyUsageOID.CLIENT_AUTH, lifetime)
@@ -250,6 +278,7 @@ class CertificateAuthority:
             pem=cert.public_bytes(serialization.Encoding.PEM),
             serial=serial_hex(cert),
             instance_id=instance_id,
+            incarnation=incarnation,
             not_before=cert.not_valid_before_utc,
             not_after=cert.not_valid_after_utc,
         )

@@ -23,6 +23,7 @@ from agentic_sandbox.broker.agentlink.enrollment import Enrollment
 from agentic_sandbox.broker.agentlink.link import LinkHandler
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.service import AgentLinkService
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
@@ -79,6 +80,25 @@ class AgentLinkComponent:
         )
         self._server: grpc.aio.Server | None = None
         self.ports: dict[str, int] = {}
+        svc.incarnations.on_end("agent-link", self._end_incarnation)
+
+    async def _end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's agent is cut off at once: its live link closed, its
+        certificates revoked, its unused enrollment tokens deleted."""
+        closed = self.registry.end_incarnation(
+            ended.instance_id,
+            ended.incarnation,
+            f"the instance's incarnation ended: {ended.reason}",
+        )
+        revoked = await self.enrollment.end_incarnation(ended.instance_id, ended.incarnation)
+        await self.registry.forget(ended.instance_id)
+        log.info(
+            "incarnation of %s ended: link %s, %d certificates revoked",
+            ended.instance_id,
+            "closed" if closed else "not connected",
+            revoked,
+            extra={"instance_id": ended.instance_id, "incarnation": ended.incarnation},
+        )
 
     def install(self, app: web.Application) -> None:
         from agentic_sandbox.broker.agentlink import routes

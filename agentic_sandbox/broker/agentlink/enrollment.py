@@ -1,10 +1,12 @@
 """Enrollment tokens and agent certificates.
 
-A token is random (`sbe_…`), shown once, stored as a SHA-256 hash, bound to one instance, and
-expires. `enroll` consumes it atomically (a second use is refused even when two arrive at once)
-and signs the agent's CSR with a certificate naming the token's instance. `renew` signs a new CSR
-for the instance named by a verified, known, unrevoked certificate. Every refusal has a short
-machine reason (the metric label and audit cause) and a message for the agent.
+A token is random (`sbe_…`), shown once, stored as a SHA-256 hash, bound to one incarnation of
+one instance, and expires. `enroll` consumes it atomically (a second use is refused even when two
+arrive at once) and signs the agent's CSR with a certificate naming the token's instance and
+incarnation. `renew` signs a new CSR for the incarnation named by a verified, known, unrevoked
+certificate. A token or certificate of an incarnation that has ended (the instance was deleted,
+whatever id it has now) is refused. Every refusal has a short machine reason (the metric label
+and audit cause) and a message for the agent.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import datetime as dt
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from agentic_sandbox.broker.agentlink.ca import (
     CertificateAuthority,
@@ -39,7 +41,16 @@ class IssuedToken:
     id: str
     token: str
     instance_id: str
+    incarnation: str
     expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class VerifiedAgent:
+    """What a verified, live certificate says: whose agent this is."""
+
+    instance_id: str
+    incarnation: str
 
 
 class Enrollment:
@@ -48,22 +59,32 @@ class Enrollment:
         self.ca = ca
         self.cert_lifetime = cert_lifetime
 
-    async def create_token(self, instance_id: str, ttl: dt.timedelta) -> IssuedToken:
+    async def create_token(
+        self, instance_id: str, ttl: dt.timedelta, incarnation: str | None = None
+    ) -> IssuedToken:
+        """A one-time token for the instance's live incarnation (`incarnation`, when given,
+        must be it: a provision asks for the incarnation it is making)."""
+        live = await self._live_incarnation(instance_id)
+        if live is None or (incarnation is not None and incarnation != live):
+            raise EnrollmentRefused("unknown_instance", f"instance {instance_id!r} is not live")
         secret = cred.new_secret(cred.ENROLL_PREFIX)
         row = m.EnrollmentToken(
             id=cred.new_id(),
             instance_id=instance_id,
+            incarnation=live,
             token_hash=cred.digest(secret),
             expires_at=dt.datetime.now(dt.UTC) + ttl,
         )
         async with self._db.session() as s:
             s.add(row)
-        return IssuedToken(row.id, secret, instance_id, row.expires_at)
+        return IssuedToken(row.id, secret, instance_id, live, row.expires_at)
 
-    async def _instance_live(self, instance_id: str) -> bool:
+    async def _live_incarnation(self, instance_id: str) -> str | None:
         async with self._db.session() as s:
             row = await s.get(m.Instance, instance_id)
-            return row is not None and row.deleted_at is None
+            if row is None or row.deleted_at is not None:
+                return None
+            return row.incarnation
 
     async def enroll(self, claimed_instance: str, token: str, csr_pem: bytes) -> IssuedCertificate:
         if not token.startswith(cred.ENROLL_PREFIX) or len(token) > 200:
@@ -83,11 +104,13 @@ class Enrollment:
                 raise EnrollmentRefused("reused_token", "this enrollment token was already used")
             if row.expires_at <= now:
                 raise EnrollmentRefused("expired_token", "this enrollment token has expired")
-            token_id, instance_id = row.id, row.instance_id
-        if not await self._instance_live(instance_id):
-            raise EnrollmentRefused("unknown_instance", "the token's instance no longer exists")
+            token_id, instance_id, incarnation = row.id, row.instance_id, row.incarnation
+        if await self._live_incarnation(instance_id) != incarnation:
+            raise EnrollmentRefused(
+                "ended_incarnation", "the token's instance was deleted (its incarnation ended)"
+            )
         try:
-            issued = self.ca.issue_agent(csr_pem, instance_id, self.cert_lifetime)
+            issued = self.ca.issue_agent(csr_pem, instance_id, incarnation, self.cert_lifetime)
         except CertificateError as exc:
             raise EnrollmentRefused("bad_csr", str(exc)) from None
         async with self._db.session() as s:
@@ -102,15 +125,18 @@ class Enrollment:
             s.add(self._cert_row(issued))
         return issued
 
-    async def check_certificate(self, serial: str, instance_id: str) -> None:
-        """Refuse a certificate this server did not issue, revoked, expired or for a deleted
-        instance (the TLS layer has verified the signature chain already)."""
+    async def check_certificate(
+        self, serial: str, instance_id: str, incarnation: str
+    ) -> VerifiedAgent:
+        """Refuse a certificate this server did not issue, revoked, expired, or of an ended
+        incarnation (the TLS layer has verified the signature chain already; `instance_id` and
+        `incarnation` are what the certificate names)."""
         now = dt.datetime.now(dt.UTC)
         async with self._db.session() as s:
             row = await s.get(m.AgentCertificate, serial)
             if row is None:
                 raise EnrollmentRefused("unknown_certificate", "certificate unknown to this server")
-            if row.instance_id != instance_id:
+            if row.instance_id != instance_id or row.incarnation != incarnation:
                 raise EnrollmentRefused(
                     "foreign_certificate", "certificate recorded for another instance"
                 )
@@ -118,29 +144,44 @@ class Enrollment:
                 raise EnrollmentRefused("revoked_certificate", "certificate has been revoked")
             if row.not_after <= now:
                 raise EnrollmentRefused("expired_certificate", "certificate has expired")
-        if not await self._instance_live(instance_id):
-            raise EnrollmentRefused("unknown_instance", "the certificate's instance is gone")
+        if await self._live_incarnation(instance_id) != incarnation:
+            raise EnrollmentRefused(
+                "ended_incarnation",
+                "the certificate's instance was deleted (its incarnation ended)",
+            )
+        return VerifiedAgent(instance_id, incarnation)
 
-    async def renew(self, instance_id: str, serial: str, csr_pem: bytes) -> IssuedCertificate:
-        await self.check_certificate(serial, instance_id)
+    async def renew(
+        self, instance_id: str, incarnation: str, serial: str, csr_pem: bytes
+    ) -> IssuedCertificate:
+        await self.check_certificate(serial, instance_id, incarnation)
         try:
-            issued = self.ca.issue_agent(csr_pem, instance_id, self.cert_lifetime)
+            issued = self.ca.issue_agent(csr_pem, instance_id, incarnation, self.cert_lifetime)
         except CertificateError as exc:
             raise EnrollmentRefused("bad_csr", str(exc)) from None
         async with self._db.session() as s:
             s.add(self._cert_row(issued))
         return issued
 
-    async def revoke_instance(self, instance_id: str) -> int:
-        """Revoke every certificate of an instance (e.g. when it is deleted)."""
+    async def end_incarnation(self, instance_id: str, incarnation: str) -> int:
+        """Revoke every certificate of an incarnation and delete its unused tokens (a delete, a
+        failed or abandoned provision). Returns the number of certificates revoked."""
         async with self._db.session() as s:
             result = await s.execute(
                 update(m.AgentCertificate)
                 .where(
                     m.AgentCertificate.instance_id == instance_id,
+                    m.AgentCertificate.incarnation == incarnation,
                     m.AgentCertificate.revoked_at.is_(None),
                 )
                 .values(revoked_at=dt.datetime.now(dt.UTC))
+            )
+            await s.execute(
+                delete(m.EnrollmentToken).where(
+                    m.EnrollmentToken.instance_id == instance_id,
+                    m.EnrollmentToken.incarnation == incarnation,
+                    m.EnrollmentToken.used_at.is_(None),
+                )
             )
             return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
@@ -149,6 +190,7 @@ class Enrollment:
         return m.AgentCertificate(
             serial=issued.serial,
             instance_id=issued.instance_id,
+            incarnation=issued.incarnation,
             not_before=issued.not_before,
             not_after=issued.not_after,
         )

@@ -73,6 +73,7 @@ class AgentMetrics:
 @dataclass
 class AgentConnection:
     instance_id: str
+    incarnation: str  # the one the certificate names (a live incarnation when it connected)
     owner: str
     cert_serial: str
     cert_not_after: dt.datetime

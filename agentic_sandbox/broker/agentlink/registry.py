@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from sqlalchemy import update
+from sqlalchemy import delete, select, update
 
 from agentic_sandbox.broker.agentlink.link import AgentConnection
 from agentic_sandbox.broker.observability.audit import AuditLog
@@ -74,9 +74,25 @@ class AgentRegistry:
     def get(self, instance_id: str) -> AgentConnection | None:
         return self._links.get(instance_id)
 
-    def ready(self, instance_id: str) -> bool:
+    def ready(self, instance_id: str, incarnation: str | None = None) -> bool:
+        """A registered, live link of `instance_id` (of that `incarnation`, when given)."""
         conn = self._links.get(instance_id)
-        return conn is not None and conn.ready
+        if conn is None or not conn.ready:
+            return False
+        return incarnation is None or conn.incarnation == incarnation
+
+    def end_incarnation(self, instance_id: str, incarnation: str, reason: str) -> bool:
+        """Close the live link of an ended incarnation at once; whether one was open."""
+        conn = self._links.get(instance_id)
+        if conn is None or conn.incarnation != incarnation:
+            return False
+        conn.close(reason)
+        return True
+
+    async def forget(self, instance_id: str) -> None:
+        """Drop the recorded link state of an instance that is gone."""
+        async with self._db.session() as s:
+            await s.execute(delete(m.AgentLink).where(m.AgentLink.instance_id == instance_id))
 
     def all(self) -> list[AgentConnection]:
         return list(self._links.values())
@@ -189,6 +205,13 @@ class AgentRegistry:
             now = dt.datetime.now(dt.UTC)
             try:
                 async with self._db.session() as s:
+                    live = await s.scalar(
+                        select(m.Instance.incarnation).where(
+                            m.Instance.id == conn.instance_id, m.Instance.deleted_at.is_(None)
+                        )
+                    )
+                    if live != conn.incarnation:
+                        return  # an ended incarnation's link: nothing of it is recorded
                     row = await s.get(m.AgentLink, conn.instance_id)
                     if row is None:
                         row = m.AgentLink(

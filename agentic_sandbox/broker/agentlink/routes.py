@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import Field
 from sqlalchemy import select
 
+from agentic_sandbox.broker.agentlink.enrollment import EnrollmentRefused
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.http.problems import ProblemError, not_found
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
@@ -51,6 +52,7 @@ class HostInstanceCreate(Input):
 
 class HostInstance(Output):
     id: str
+    incarnation: str
     owner: str
     state: str
     agent_state: str
@@ -77,12 +79,17 @@ async def create_host_instance(call: Call[HostInstanceCreate, NoQuery]) -> HostI
     who = call.require_principal()
     body = call.body
     async with svc.db.session() as s:
-        if await s.get(m.Instance, body.instance_id) is not None:
+        existing = await s.get(m.Instance, body.instance_id)
+        if existing is not None and existing.deleted_at is None:
             raise ProblemError(
                 409, f"instance {body.instance_id!r} already exists", code="instance-exists"
             )
+        if existing is not None:  # a deleted instance's id: a new incarnation starts afresh
+            await s.delete(existing)
+            await s.flush()
         row = m.Instance(
             id=body.instance_id,
+            incarnation=m.new_incarnation(),
             owner=who.subject,
             host=None,
             state="running",
@@ -102,6 +109,7 @@ async def create_host_instance(call: Call[HostInstanceCreate, NoQuery]) -> HostI
     )
     return HostInstance(
         id=row.id,
+        incarnation=row.incarnation,
         owner=row.owner,
         state=row.state,
         agent_state=row.agent_state,
@@ -148,7 +156,10 @@ async def create_enrollment_token(
     instance = await _visible_instance(call.request, who, call.match["instance_id"])
     ttl = call.body.ttl_seconds or svc.settings.enrollment_token_ttl_seconds
     link = component(call.request)
-    issued = await link.enrollment.create_token(instance.id, dt.timedelta(seconds=ttl))
+    try:
+        issued = await link.enrollment.create_token(instance.id, dt.timedelta(seconds=ttl))
+    except EnrollmentRefused as exc:
+        raise not_found("instance", instance.id) from exc
     svc.audit.record(
         who.actor,
         "enrollment-token.create",

@@ -1,9 +1,11 @@
 """The `AgentLink` gRPC service: Enroll, Renew and the Connect stream.
 
-Identity: `Connect` and `Renew` take the instance id from the client certificate that the TLS
-layer verified against the server CA (the `x509_pem_cert` of the auth context) and check it is a
-certificate this server issued, unrevoked, for a live instance. A message field never decides
-who the agent is: `Register.instance_id` is only compared, and a mismatch is refused.
+Identity: `Connect` and `Renew` take the instance id and its incarnation from the client
+certificate that the TLS layer verified against the server CA (the `x509_pem_cert` of the auth
+context) and check it is a certificate this server issued, unrevoked, for the instance's live
+incarnation (a certificate of a deleted instance is refused, whatever has that id now). A
+message field never decides who the agent is: `Register.instance_id` is only compared, and a
+mismatch is refused.
 Every refusal is logged, audited (`outcome=denied`), counted (`sandbox_auth_failures_total`,
 `sandbox_agent_enrollments_total`) and published as an `agent.*` event.
 """
@@ -23,6 +25,7 @@ from sqlalchemy import select
 
 from agentic_sandbox.broker.agentlink.ca import (
     CertificateError,
+    incarnation_from_certificate,
     instance_from_certificate,
     serial_hex,
 )
@@ -48,11 +51,12 @@ REGISTER_TIMEOUT = 10.0
 
 
 class PeerIdentity:
-    __slots__ = ("cert", "instance_id", "not_after", "serial")
+    __slots__ = ("cert", "incarnation", "instance_id", "not_after", "serial")
 
     def __init__(self, cert: x509.Certificate) -> None:
         self.cert = cert
         self.instance_id = instance_from_certificate(cert)
+        self.incarnation = incarnation_from_certificate(cert)
         self.serial = serial_hex(cert)
         self.not_after = cert.not_valid_after_utc
 
@@ -154,7 +158,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         try:
             ident = PeerIdentity(cert)
             self._enrollment.ca.verify_issued(cert)
-            await self._enrollment.check_certificate(ident.serial, ident.instance_id)
+            await self._enrollment.check_certificate(
+                ident.serial, ident.instance_id, ident.incarnation
+            )
         except CertificateError as exc:
             self._refuse(action, "", peer, "bad_certificate", str(exc))
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
@@ -214,7 +220,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         peer = context.peer()
         try:
             issued = await self._enrollment.renew(
-                ident.instance_id, ident.serial, bytes(request.csr_pem)
+                ident.instance_id, ident.incarnation, ident.serial, bytes(request.csr_pem)
             )
         except EnrollmentRefused as exc:
             self._refuse("renew", ident.instance_id, peer, exc.reason, exc.message)
@@ -287,6 +293,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._m_in["register"].inc()
         conn = AgentConnection(
             instance_id=ident.instance_id,
+            incarnation=ident.incarnation,
             owner=await self._owner(ident.instance_id),
             cert_serial=ident.serial,
             cert_not_after=ident.not_after,

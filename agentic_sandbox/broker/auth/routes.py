@@ -261,6 +261,8 @@ async def create_api_key(call: Call[ApiKeyCreate, NoQuery]) -> ApiKeyCreated:
                 else None
             ),
         )
+    except LookupError:
+        raise not_found("instance", body.instance_id) from None
     except ValueError as exc:
         raise ProblemError(
             422, str(exc), errors=[{"field": "body.scopes", "message": str(exc), "type": "value"}]
@@ -307,8 +309,14 @@ async def revoke_api_key(call: Call[NoBody, NoQuery]) -> None:
 
 
 async def instance_owner(request: web.Request, instance_id: str) -> str | None:
+    live = await live_instance(request, instance_id)
+    return None if live is None else live[0]
+
+
+async def live_instance(request: web.Request, instance_id: str) -> tuple[str, str] | None:
+    """(owner, incarnation) of a live instance, or None."""
     from agentic_sandbox.broker.store import models as m
 
     async with services(request).db.session() as s:
         row = await s.get(m.Instance, instance_id)
-        return None if row is None or row.deleted_at is not None else row.owner
+        return None if row is None or row.deleted_at is not None else (row.owner, row.incarnation)

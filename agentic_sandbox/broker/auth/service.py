@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from agentic_sandbox.broker.auth import credentials as cred
 from agentic_sandbox.broker.auth.principal import Principal, Role
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 
@@ -154,6 +155,14 @@ class AuthService:
                 subject=row.subject, role=Role(row.role), kind="token", credential_id=row.id
             )
 
+    async def _live_incarnation(self, instance_id: str) -> str | None:
+        async with self._db.session() as s:
+            return await s.scalar(
+                select(m.Instance.incarnation).where(
+                    m.Instance.id == instance_id, m.Instance.deleted_at.is_(None)
+                )
+            )
+
     async def _load_key(self, key_hash: str) -> Principal | None:
         now = dt.datetime.now(dt.UTC)
         async with self._db.session() as s:
@@ -161,6 +170,13 @@ class AuthService:
             if row is None or row.revoked_at is not None:
                 return None
             if row.expires_at is not None and row.expires_at <= now:
+                return None
+            live = await s.scalar(
+                select(m.Instance.incarnation).where(
+                    m.Instance.id == row.instance_id, m.Instance.deleted_at.is_(None)
+                )
+            )
+            if live != row.incarnation:  # the key's instance was deleted (whatever has its id)
                 return None
             if row.last_used_at is None or now - row.last_used_at > LAST_USED_EVERY:
                 row.last_used_at = now
@@ -229,10 +245,14 @@ class AuthService:
         unknown = scopes - A2A_SCOPES
         if unknown:
             raise ValueError(f"unknown scopes: {', '.join(sorted(unknown))}")
+        incarnation = await self._live_incarnation(instance_id)
+        if incarnation is None:
+            raise LookupError(f"no live instance {instance_id!r}")
         secret = cred.new_secret(cred.APIKEY_PREFIX)
         row = m.ApiKey(
             id=cred.new_id(),
             instance_id=instance_id,
+            incarnation=incarnation,
             owner=owner,
             name=name,
             scopes=sorted(scopes),
@@ -258,6 +278,26 @@ class AuthService:
     async def get_api_key(self, key_id: str) -> m.ApiKey | None:
         async with self._db.session() as s:
             return await s.get(m.ApiKey, key_id)
+
+    async def end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's A2A keys are revoked and its shares removed."""
+        now = dt.datetime.now(dt.UTC)
+        async with self._db.session() as s:
+            await s.execute(
+                update(m.ApiKey)
+                .where(
+                    m.ApiKey.instance_id == ended.instance_id,
+                    m.ApiKey.incarnation == ended.incarnation,
+                    m.ApiKey.revoked_at.is_(None),
+                )
+                .values(revoked_at=now)
+            )
+            await s.execute(
+                delete(m.Share).where(
+                    m.Share.object_type == "instance", m.Share.object_id == ended.instance_id
+                )
+            )
+        self.invalidate()
 
     async def revoke_api_key(self, key_id: str) -> bool:
         async with self._db.session() as s:

@@ -29,6 +29,7 @@ from agentic_sandbox.fleet import (
     FleetEvent,
     HostSpec,
     InstanceRecord,
+    traversal_problem,
 )
 from agentic_sandbox.images import ImageBuilder, ImageStore
 from agentic_sandbox.provision import (
@@ -68,6 +69,7 @@ class FleetComponent:
         self.fleet = Fleet(
             FleetConfig(
                 data_dir=str(s.data_dir / "fleet"),
+                qemu_group=s.qemu_group or None,
                 default_uri=s.libvirt_uri or "test:///default",
                 extra_agent_ports=(s.grpc_enroll_address[1],),
                 pool_refill_delay_s=s.pool_refill_delay_seconds,
@@ -121,6 +123,7 @@ class FleetComponent:
                 return True, "disabled (SANDBOX_LIBVIRT_URI is empty)"
 
             self.svc.readiness["libvirt"] = disabled
+            await self._recover_interrupted_provisions()
             return
         self.svc.readiness["libvirt"] = self._ready
         try:  # a guest must never boot with an agent that cannot start
@@ -143,10 +146,47 @@ class FleetComponent:
                     accel.accel.value if hasattr(accel.accel, "value") else accel.accel,
                     accel.reason,
                 )
+        await self._recover_interrupted_provisions()
         await self._sync_mirror()
         from agentic_sandbox.broker.instances import pools
 
         await pools.restore_pools(self)
+
+    async def _recover_interrupted_provisions(self) -> None:
+        """Provisions the server was running when it stopped (a kill -9, a crash) cannot be
+        resumed: each is abandoned as a failed one would be — its half-made VM deleted, its
+        record removed, its incarnation ended (the token in its seed no longer enrolls) — and
+        the seeds left behind are removed."""
+        async with self.svc.db.session() as sess:
+            rows = (
+                await sess.scalars(
+                    select(m.Instance).where(
+                        m.Instance.state == "provisioning", m.Instance.deleted_at.is_(None)
+                    )
+                )
+            ).all()
+            interrupted = [(r.id, r.incarnation) for r in rows]
+        for instance_id, incarnation in interrupted:
+            log.warning(
+                "provision of %s was interrupted by a server restart; cleaning it up",
+                instance_id,
+                extra={"instance_id": instance_id},
+            )
+            if self.opened:
+                try:
+                    await self.fleet.delete(instance_id)
+                except Exception:
+                    log.exception("deleting the half-made %s failed", instance_id)
+            await self.abandon(instance_id, incarnation, "server", "the server restarted")
+            self.svc.events.publish(
+                "instance.provision_failed",
+                actor="server",
+                instance_id=instance_id,
+                data={"stage": "unknown", "cause": "the server restarted during provisioning"},
+            )
+        seeds = self.provisioner.work_dir / "seeds"
+        for stale in seeds.glob("*.iso*") if seeds.is_dir() else ():
+            stale.unlink(missing_ok=True)
 
     async def stop(self) -> None:
         await self.ops.stop()
@@ -156,20 +196,9 @@ class FleetComponent:
             await self.fleet.close()
 
     def _qemu_access_problem(self) -> str:
-        """QEMU runs as libvirt-qemu: every parent of the fleet's data must be traversable."""
-        path = self.svc.settings.data_dir / "fleet"
-        for parent in [path, *path.parents]:
-            try:
-                mode = parent.stat().st_mode
-            except FileNotFoundError:
-                continue
-            if not mode & 0o001:
-                return (
-                    f"{parent} is not traversable by others (mode {oct(mode & 0o777)}); QEMU runs "
-                    "as libvirt-qemu and cannot open instance disks below it — chmod o+x it or "
-                    "choose another SANDBOX_DATA_DIR"
-                )
-        return ""
+        """QEMU runs as libvirt-qemu: every parent of the fleet's data must be traversable by
+        it (by group or by others)."""
+        return traversal_problem(self.svc.settings.data_dir / "fleet")
 
     async def _ready(self) -> tuple[bool, str]:
         if self.access_problem:
@@ -238,10 +267,19 @@ class FleetComponent:
                 if row is None:
                     row = m.Instance(
                         id=inst.instance_id,
+                        incarnation=inst.record.incarnation or m.new_incarnation(),
                         owner=inst.record.owner or "admin",
                         state=inst.state.value,
                     )
                     sess.add(row)
+                elif inst.record.incarnation and inst.record.incarnation != row.incarnation:
+                    log.warning(
+                        "domain of %s records incarnation %s, the database %s",
+                        inst.instance_id,
+                        inst.record.incarnation,
+                        row.incarnation,
+                        extra={"instance_id": inst.instance_id},
+                    )
                 self._apply_record(row, inst.record, inst.state.value, inst.state_reason)
 
     @staticmethod
@@ -342,6 +380,19 @@ class FleetComponent:
         )
 
     # ---- provisioning ---------------------------------------------------------------------------
+    async def abandon(self, instance_id: str, incarnation: str, actor: str, reason: str) -> None:
+        """Nothing is left of a failed, canceled or abandoned provision: its record goes and its
+        incarnation ends (tokens and certificates revoked, a link that came up closed, anything
+        bound to it meanwhile dropped)."""
+        async with self.svc.db.session() as sess:
+            row = await sess.get(m.Instance, instance_id)
+            if row is not None and row.incarnation == incarnation:
+                await sess.delete(row)
+        if incarnation:
+            await self.svc.incarnations.end(
+                instance_id, incarnation, actor=actor, reason=f"provision failed: {reason}"
+            )
+
     async def submit_provision(
         self, req: ProvisionRequest, *, actor: str, source_label: str
     ) -> m.Operation:
@@ -373,13 +424,13 @@ class FleetComponent:
 
         try:
             result = await self.provisioner.provision(req, self.enroller, on_stage)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.abandon(req.instance_id, req.incarnation, actor, "canceled"))
+            raise
         except ProvisionError as exc:
             progress.stages = exc.stages or progress.stages
             metrics.provisions.labels(source_label, "failed").inc()
-            async with self.svc.db.session() as sess:
-                row = await sess.get(m.Instance, req.instance_id)
-                if row is not None:
-                    await sess.delete(row)  # nothing is left of a failed provision
+            await self.abandon(req.instance_id, req.incarnation, actor, f"{exc.stage}: {exc.cause}")
             self.svc.audit.record(
                 actor,
                 "instance.provision",

@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
-from sqlalchemy import delete
-
-from agentic_sandbox.broker.agentlink import AgentLinkComponent
+from agentic_sandbox.broker.agentlink import AgentConnection, AgentLinkComponent
 from agentic_sandbox.broker.config import Settings
-from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import AGENT_LINK_ADDRESS
 from agentic_sandbox.provision import EnrollmentGrant
 
@@ -17,12 +14,16 @@ DEFAULT_SERVER_NAME = "agentic-sandbox-server"
 
 
 class LinkEnroller:
-    """Grants one-time enrollment tokens and waits for the instance's agent to connect."""
+    """Grants one-time enrollment tokens and waits for the incarnation's agent to connect.
+
+    Readiness counts only a link whose certificate names the incarnation being provisioned: a
+    live link of an earlier instance with the same id (never closed, or a hostile process that
+    kept its certificate) does not make a new provision succeed."""
 
     def __init__(self, link: AgentLinkComponent, settings: Settings) -> None:
         self._link = link
         self._settings = settings
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._waiters: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
         link.registry.listeners.append(self._on_agent)
 
     @property
@@ -33,17 +34,16 @@ class LinkEnroller:
     def enroll_port(self) -> int:
         return self._settings.grpc_enroll_address[1]
 
-    def _on_agent(self, conn: object, state: str) -> None:
-        instance_id = getattr(conn, "instance_id", None)
-        if state != "connected" or instance_id is None:
+    def _on_agent(self, conn: AgentConnection, state: str) -> None:
+        if state != "connected":
             return
-        for fut in self._waiters.pop(instance_id, []):
+        for fut in self._waiters.pop((conn.instance_id, conn.incarnation), []):
             if not fut.done():
                 fut.set_result(None)
 
-    async def grant(self, instance_id: str) -> EnrollmentGrant:
+    async def grant(self, instance_id: str, incarnation: str) -> EnrollmentGrant:
         ttl = dt.timedelta(seconds=self._settings.enrollment_token_ttl_seconds)
-        issued = await self._link.enrollment.create_token(instance_id, ttl)
+        issued = await self._link.enrollment.create_token(instance_id, ttl, incarnation)
         return EnrollmentGrant(
             token=issued.token,
             ca_pem=self._link.ca.certificate_pem.decode(),
@@ -53,27 +53,23 @@ class LinkEnroller:
             enroll_address=f"{AGENT_LINK_ADDRESS}:{self.enroll_port}",
         )
 
-    async def wait_ready(self, instance_id: str) -> None:
-        if self._link.registry.ready(instance_id):
+    async def wait_ready(self, instance_id: str, incarnation: str) -> None:
+        if self._link.registry.ready(instance_id, incarnation):
             return
+        key = (instance_id, incarnation)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(instance_id, []).append(fut)
+        self._waiters.setdefault(key, []).append(fut)
         try:
             await fut
         finally:
-            waiting = self._waiters.get(instance_id)
+            waiting = self._waiters.get(key)
             if waiting is not None and fut in waiting:
                 waiting.remove(fut)
                 if not waiting:
-                    del self._waiters[instance_id]
+                    del self._waiters[key]
 
-    async def forget(self, instance_id: str) -> None:
-        """Revoke the instance's certificates and delete its unused enrollment tokens."""
-        await self._link.enrollment.revoke_instance(instance_id)
-        async with self._link.svc.db.session() as s:
-            await s.execute(
-                delete(m.EnrollmentToken).where(
-                    m.EnrollmentToken.instance_id == instance_id,
-                    m.EnrollmentToken.used_at.is_(None),
-                )
-            )
+    async def forget(self, instance_id: str, incarnation: str) -> None:
+        """Cut off the incarnation's agent: close its link if one is up, revoke its
+        certificates and delete its unused enrollment tokens (after a failed provision)."""
+        self._link.registry.end_incarnation(instance_id, incarnation, "the provision failed")
+        await self._link.enrollment.end_incarnation(instance_id, incarnation)

@@ -23,7 +23,7 @@ from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.instances import pools
 from agentic_sandbox.broker.instances.component import FLEET_KEY, FleetComponent
-from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.services import Services, services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import (
     Conflict,
@@ -161,6 +161,9 @@ class OperationList(Output):
 
 class InstanceOut(Output):
     id: str
+    incarnation: str = Field(
+        description="this create of the id: a new instance with the same id has another"
+    )
     kind: str = Field(default="vm", description="vm, or host-agent (an agent on the host)")
     owner: str
     state: str
@@ -266,9 +269,11 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
         if existing is not None:
             await s.delete(existing)
             await s.flush()
+        incarnation = m.new_incarnation()
         s.add(
             m.Instance(
                 id=body.id,
+                incarnation=incarnation,
                 owner=who.subject,
                 state="provisioning",
                 image=image.name if image else None,
@@ -289,6 +294,7 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
     )
     req = ProvisionRequest(
         instance_id=body.id,
+        incarnation=incarnation,
         owner=who.subject,
         loadout=loadout,
         source=source,
@@ -460,42 +466,46 @@ async def delete_instance(call: Call[NoBody, NoQuery]) -> None:
     who = call.require_principal()
     row = await visible_instance(call, call.match["instance_id"])
     require_owner_or_admin(who, row)
-    comp = call.request.app[FLEET_KEY]
-    if is_host_agent(row):  # no VM: forget the record and the agent's credentials
+    if not is_host_agent(row):  # a host agent has no VM: only its record and credentials
+        comp = fleet_of(call.request)
+        try:
+            await comp.fleet.delete(row.id)
+        except FleetError as exc:
+            raise fleet_problem(exc) from None
         async with svc.db.session() as s:
-            fresh = await s.get(m.Instance, row.id)
-            if fresh is not None:
-                before = fresh.state
-                fresh.state = "deleted"
-                fresh.deleted_at = dt.datetime.now(dt.UTC)
-                svc.audit.transition(who.actor, "instance", row.id, before, "deleted")
-        if comp.enroller is not None:
-            await comp.enroller.forget(row.id)
-        svc.events.publish("instance.deleted", actor=who.actor, owner=row.owner, instance_id=row.id)
-        return
-    comp = fleet_of(call.request)
-    try:
-        await comp.fleet.delete(row.id)
-    except FleetError as exc:
-        raise fleet_problem(exc) from None
+            snaps = (
+                await s.scalars(select(m.Snapshot).where(m.Snapshot.instance_id == row.id))
+            ).all()
+            for snap in snaps:
+                state_id = (snap.detail or {}).get("state_id")
+                if state_id:
+                    try:
+                        await comp.fleet.delete_state(state_id)
+                    except FleetError:
+                        pass  # still backing a clone: kept until that clone goes
+                await s.delete(snap)
+    await end_instance(svc, row.id, actor=who.actor, reason=f"deleted by {who.actor}")
+
+
+async def end_instance(svc: Services, instance_id: str, *, actor: str, reason: str) -> None:
+    """Mark the instance deleted and end its incarnation: nothing bound to it survives (its
+    agent link, certificates, tokens, A2A keys, secret bindings, shares, sessions, tasks)."""
     async with svc.db.session() as s:
-        snaps = (await s.scalars(select(m.Snapshot).where(m.Snapshot.instance_id == row.id))).all()
-        for snap in snaps:
-            state_id = (snap.detail or {}).get("state_id")
-            if state_id:
-                try:
-                    await comp.fleet.delete_state(state_id)
-                except FleetError:
-                    pass  # still backing a clone: kept until that clone goes
-            await s.delete(snap)
-        fresh = await s.get(m.Instance, row.id)
-        if fresh is not None:
-            before = fresh.state
-            fresh.state = "deleted"
-            fresh.deleted_at = dt.datetime.now(dt.UTC)
-            svc.audit.transition(who.actor, "instance", row.id, before, "deleted")
-    if comp.enroller is not None:
-        await comp.enroller.forget(row.id)
+        fresh = await s.get(m.Instance, instance_id)
+        if fresh is None or fresh.deleted_at is not None:
+            return
+        before, incarnation, owner = fresh.state, fresh.incarnation, fresh.owner
+        fresh.state = "deleted"
+        fresh.deleted_at = dt.datetime.now(dt.UTC)
+    svc.audit.transition(actor, "instance", instance_id, before, "deleted", cause=reason)
+    failed = await svc.incarnations.end(instance_id, incarnation, actor=actor, reason=reason)
+    svc.events.publish(
+        "instance.deleted",
+        actor=actor,
+        owner=owner,
+        instance_id=instance_id,
+        data={"incarnation": incarnation, **({"cleanup_failed": failed} if failed else {})},
+    )
 
 
 # ---- snapshots --------

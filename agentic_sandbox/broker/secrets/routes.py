@@ -8,7 +8,7 @@ from pydantic import Field
 from sqlalchemy import delete, select
 
 from agentic_sandbox.broker.auth.principal import Role
-from agentic_sandbox.broker.auth.routes import instance_owner
+from agentic_sandbox.broker.auth.routes import live_instance
 from agentic_sandbox.broker.http.problems import ProblemError, not_found
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
@@ -85,18 +85,27 @@ async def put_secret(call: Call[SecretPut, NoQuery]) -> SecretInfo:
     who = call.require_principal()
     name = call.match["name"]
     _check_name(name)
+    incarnations: dict[str, str] = {}
     for inst in call.body.instances:
-        owner = await instance_owner(call.request, inst)
-        if owner is None or not who.can_see(owner):
+        live = await live_instance(call.request, inst)
+        if live is None or not who.can_see(live[0]):
             raise not_found("instance", inst)
+        incarnations[inst] = live[1]
     try:
         row, created = await svc.vault.put(who.subject, name, call.body.value)
     except VaultError as exc:
         raise ProblemError(422, str(exc)) from None
     async with svc.db.session() as s:
         await s.execute(delete(m.SecretBinding).where(m.SecretBinding.secret_id == row.id))
-        for inst in sorted(set(call.body.instances)):
-            s.add(m.SecretBinding(secret_id=row.id, instance_id=inst, env_name=call.body.env_name))
+        for inst in sorted(incarnations):
+            s.add(
+                m.SecretBinding(
+                    secret_id=row.id,
+                    instance_id=inst,
+                    incarnation=incarnations[inst],
+                    env_name=call.body.env_name,
+                )
+            )
     svc.audit.record(
         who.actor,
         "secret.create" if created else "secret.update",

@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from agentic_sandbox.broker.auth.credentials import new_id
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.logs import redactor
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
@@ -92,16 +93,36 @@ class Vault:
             return row, False
 
     async def values_for_instance(self, instance_id: str) -> dict[str, str]:
-        """Environment name → value of the secrets bound to an instance (server-side use only)."""
+        """Environment name → value of the secrets bound to an instance's live incarnation
+        (server-side use only): a binding made for an earlier instance with this id never
+        applies."""
         async with self._db.session() as s:
             rows = (
                 await s.execute(
                     select(m.Secret, m.SecretBinding)
                     .join(m.SecretBinding, m.SecretBinding.secret_id == m.Secret.id)
-                    .where(m.SecretBinding.instance_id == instance_id)
+                    .join(
+                        m.Instance,
+                        (m.Instance.id == m.SecretBinding.instance_id)
+                        & (m.Instance.incarnation == m.SecretBinding.incarnation),
+                    )
+                    .where(
+                        m.SecretBinding.instance_id == instance_id,
+                        m.Instance.deleted_at.is_(None),
+                    )
                 )
             ).all()
         out = {}
         for secret, binding in rows:
             out[binding.env_name or secret.name] = self.open(secret.ciphertext).decode()
         return out
+
+    async def end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's secret bindings are removed (the secrets stay their owner's)."""
+        async with self._db.session() as s:
+            await s.execute(
+                delete(m.SecretBinding).where(
+                    m.SecretBinding.instance_id == ended.instance_id,
+                    m.SecretBinding.incarnation == ended.incarnation,
+                )
+            )

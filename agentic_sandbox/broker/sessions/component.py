@@ -14,6 +14,7 @@ class SessionsComponent:
     def __init__(self, svc: Services) -> None:
         self.svc = svc
         self.hub = SessionHub(svc)
+        svc.incarnations.on_end("sessions", self.hub.end_incarnation)
 
     def install(self, app: web.Application) -> None:
         from agentic_sandbox.broker.sessions import attach, routes

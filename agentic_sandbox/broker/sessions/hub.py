@@ -32,6 +32,7 @@ from sqlalchemy import select, update
 
 from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed
 from agentic_sandbox.broker.auth.principal import Principal, Role
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.sessions import protocol as proto
 from agentic_sandbox.broker.sessions.clients import AttachedClient, ClientTransport
 from agentic_sandbox.broker.sessions.contract import (
@@ -104,6 +105,7 @@ class HubSession:
     rows: int
     created_at: dt.datetime
     ring: OutputRing
+    incarnation: str | None = None  # the instance incarnation the session belongs to
     task_id: str | None = None
     cwd: str | None = None
     user: str | None = None
@@ -214,7 +216,8 @@ class SessionHub:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.recordings_dir.mkdir(parents=True, exist_ok=True)
+        self.recordings_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.recordings_dir.chmod(0o700)
         async with self.db.session() as s:
             rows = (await s.scalars(select(m.Session).where(m.Session.state.in_(LIVE)))).all()
         for row in rows:
@@ -266,6 +269,7 @@ class SessionHub:
             rows=row.rows,
             created_at=row.created_at,
             ring=OutputRing(self.settings.session_ring_bytes, base=row.output_offset),
+            incarnation=row.incarnation,
             task_id=row.task_id,
             cwd=row.cwd,
             user=row.user,
@@ -466,6 +470,7 @@ class SessionHub:
             rows=rows,
             created_at=now,
             ring=OutputRing(self.settings.session_ring_bytes),
+            incarnation=conn.incarnation,
             task_id=spec.task_id,
             cwd=spec.cwd,
             user=spec.user,
@@ -489,6 +494,7 @@ class SessionHub:
                 m.Session(
                     id=sid,
                     instance_id=spec.instance_id,
+                    incarnation=conn.incarnation,
                     owner=spec.owner,
                     name=spec.name,
                     command=sess.command,
@@ -677,6 +683,24 @@ class SessionHub:
             reason=row.exit_reason,
         )
 
+    async def end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's sessions end at once (lost: the instance is gone); their
+        clients are told, get the exit and are closed by their writers (input is refused from
+        now on), their followers (task runs) see the end."""
+        for sess in list(self._sessions.values()):
+            if sess.instance_id != ended.instance_id or sess.ended:
+                continue
+            if sess.incarnation not in (None, ended.incarnation):
+                continue
+            for client in list(sess.clients.values()):
+                client.queue(proto.error("instance-deleted", "the instance was deleted"))
+            self._end(
+                sess,
+                "lost",
+                ExitStatus(code=None, lost=True, reason=f"the instance ended: {ended.reason}"),
+                actor=ended.actor,
+            )
+
     def add_prompt_listener(self, listener: PromptListener) -> None:
         self._prompt_listeners.append(listener)
 
@@ -812,9 +836,17 @@ class SessionHub:
                 log.exception("prompt listener failed")
 
     # ========================================================================== link handler
+    @staticmethod
+    def _belongs(sess: HubSession, conn: AgentConnection) -> bool:
+        """A session is an agent's when it is of the agent's instance *and* incarnation."""
+        return sess.instance_id == conn.instance_id and sess.incarnation in (
+            None,
+            conn.incarnation,
+        )
+
     def _mine(self, conn: AgentConnection, session_id: str) -> HubSession | None:
         sess = self._sessions.get(session_id)
-        if sess is None or sess.instance_id != conn.instance_id:
+        if sess is None or not self._belongs(sess, conn):
             log.warning(
                 "agent %s sent a message for session %s it does not own",
                 conn.instance_id,
@@ -826,7 +858,7 @@ class SessionHub:
 
     def on_output(self, conn: AgentConnection, msg: pb.SessionOutput) -> None:
         sess = self._sessions.get(msg.session_id)
-        if sess is None or sess.instance_id != conn.instance_id:
+        if sess is None or not self._belongs(sess, conn):
             self._mine(conn, msg.session_id)
             return
         data = msg.data
@@ -913,6 +945,8 @@ class SessionHub:
         close: list[str] = []
         actor = f"agent:{conn.instance_id}"
         for sess in [s for s in self._sessions.values() if s.instance_id == conn.instance_id]:
+            if not self._belongs(sess, conn):
+                continue  # an earlier instance's with this id: never this agent's
             inv = inventory.pop(sess.id, None)
             if sess.ended:
                 if inv is not None:
@@ -986,7 +1020,11 @@ class SessionHub:
     ) -> None:
         async with self.db.session() as s:
             row = await s.get(m.Session, sid)
-        if row is not None and (row.state in ENDED or row.instance_id != conn.instance_id):
+        if row is not None and (
+            row.state in ENDED
+            or row.instance_id != conn.instance_id
+            or (row.incarnation is not None and row.incarnation != conn.incarnation)
+        ):
             close.append(sid)
             return
         if row is None:
@@ -995,6 +1033,7 @@ class SessionHub:
             row = m.Session(
                 id=sid,
                 instance_id=conn.instance_id,
+                incarnation=conn.incarnation,
                 owner=conn.owner,
                 name="adopted",
                 command=None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,6 +45,18 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """The database (audit, events, session commands, artifacts) is its owner's only: made
+    0600 before SQLite opens it — SQLite gives its WAL and SHM files the database's mode — and
+    put back to 0600 (with the WAL and SHM) if an older run left it readable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if f.stat().st_mode & 0o077:
+                os.chmod(f, 0o600)
+
+
 class Database:
     """One async engine plus a session factory. `async with db.session() as s:` commits on exit."""
 
@@ -53,7 +67,7 @@ class Database:
         if self.dialect == "sqlite":
             path = url.split(":///", 1)[1] if ":///" in url else ""
             if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                _private_sqlite_file(Path(path))
         else:
             kwargs.update(pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)

@@ -8,6 +8,7 @@ directory and are referenced by path. Later work adds columns through Alembic mi
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from sqlalchemy import (
@@ -31,6 +32,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def new_incarnation() -> str:
+    return str(uuid.uuid4())
+
+
+#: An instance incarnation: the immutable UUID of one create of an instance id (see
+#: boundary.md, Incarnations). Rows bound to an instance carry the incarnation they belong to.
+IncarnationId = String(36)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -110,6 +120,7 @@ class ApiKey(Base, Timestamps):
     __tablename__ = "api_keys"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId)
     owner: Mapped[str] = mapped_column(String(128), index=True)
     name: Mapped[str] = mapped_column(String(128), default="")
     scopes: Mapped[list[Any]] = mapped_column(default=list)
@@ -129,6 +140,7 @@ class Share(Base):
     object_id: Mapped[str] = mapped_column(String(64))
     subject: Mapped[str] = mapped_column(String(128))
     access: Mapped[str] = mapped_column(String(16), default="read")
+    incarnation: Mapped[str | None] = mapped_column(IncarnationId)  # of a shared instance
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     __table_args__ = (UniqueConstraint("object_type", "object_id", "subject"),)
 
@@ -151,6 +163,7 @@ class SecretBinding(Base):
         ForeignKey("secrets.id", ondelete="CASCADE"), primary_key=True
     )
     instance_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId)
     env_name: Mapped[str | None] = mapped_column(String(128))
 
 
@@ -193,6 +206,7 @@ class Loadout(Base, Timestamps):
 class Instance(Base, Timestamps):
     __tablename__ = "instances"
     id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId, default=new_incarnation, unique=True)
     owner: Mapped[str] = mapped_column(String(128), index=True)
     host: Mapped[str | None] = mapped_column(String(63), index=True)
     image: Mapped[str | None] = mapped_column(String(128))
@@ -244,6 +258,7 @@ class EnrollmentToken(Base):
     __tablename__ = "enrollment_tokens"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[dt.datetime]
@@ -254,6 +269,7 @@ class AgentCertificate(Base):
     __tablename__ = "agent_certificates"
     serial: Mapped[str] = mapped_column(String(64), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId, index=True)
     not_before: Mapped[dt.datetime]
     not_after: Mapped[dt.datetime]
     revoked_at: Mapped[dt.datetime | None]
@@ -278,6 +294,7 @@ class InstanceKey(Base):
     __tablename__ = "instance_keys"
     kid: Mapped[str] = mapped_column(String(64), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str] = mapped_column(IncarnationId)
     private_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
     public_jwk: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -291,6 +308,7 @@ class Session(Base, Timestamps):
     __tablename__ = "sessions"
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str | None] = mapped_column(IncarnationId)
     owner: Mapped[str] = mapped_column(String(128), index=True)
     name: Mapped[str] = mapped_column(String(128), default="")
     command: Mapped[list[Any] | None] = mapped_column(JSON)
@@ -313,6 +331,7 @@ class Task(Base, Timestamps):
     __tablename__ = "tasks"
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(63), index=True)
+    incarnation: Mapped[str | None] = mapped_column(IncarnationId)
     owner: Mapped[str] = mapped_column(String(128), index=True)
     context_id: Mapped[str] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(32), index=True)

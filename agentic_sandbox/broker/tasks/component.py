@@ -44,6 +44,7 @@ class TasksComponent:
             sessions=lambda: svc.sessions,
             settings=svc.settings,
         )
+        svc.incarnations.on_end("tasks", self.service.end_incarnation)
         svc.metrics.provide(
             "sandbox_tasks_active",
             "Unfinished tasks by state",

@@ -54,6 +54,7 @@ class TaskRecord:
     owner: str
     context_id: str
     state: TaskState
+    incarnation: str | None = None  # of the instance the task was sent to
     skill: str | None = None
     message_id: str | None = None
     status_message: dict[str, Any] | None = None
@@ -78,6 +79,7 @@ class TaskRecord:
         return cls(
             id=row.id,
             instance_id=row.instance_id,
+            incarnation=row.incarnation,
             owner=row.owner,
             context_id=row.context_id,
             state=TaskState(row.state),

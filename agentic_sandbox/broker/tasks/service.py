@@ -23,6 +23,7 @@ from typing import Any
 
 import rfc8785
 
+from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.sessions.contract import SessionService
 from agentic_sandbox.broker.store import Database
@@ -280,6 +281,21 @@ class TaskService:
         self.runner.start(live, plan)
 
     # ---- instances ------------------------------------------------------------------------
+    async def end_incarnation(self, ended: EndedIncarnation) -> None:
+        """An ended incarnation's unfinished tasks fail with the reason (queued ones never
+        run; a running one's session was ended by the session hub)."""
+        self._instances.pop(ended.instance_id, None)
+        reason = f"the instance ended: {ended.reason}"
+        for live in list(self.live.all()):
+            rec = live.record
+            if rec.instance_id != ended.instance_id or rec.state.terminal:
+                continue
+            if rec.incarnation not in (None, ended.incarnation):
+                continue
+            if live.run is None:
+                self.scheduler.dequeue(live)
+            await self._end(live, TaskState.failed, reason, run_state="lost")
+
     async def instance(self, instance_id: str) -> m.Instance | None:
         """The instance record (cached for INSTANCE_TTL seconds: every A2A call needs it)."""
         now = time.monotonic()
@@ -377,6 +393,7 @@ class TaskService:
         rec = TaskRecord(
             id=task_id,
             instance_id=instance_id,
+            incarnation=instance.incarnation,
             owner=caller.subject,
             context_id=context_id,
             state=TaskState.submitted,
@@ -507,6 +524,11 @@ class TaskService:
             rec = TaskRecord.from_row(row)
         if not caller.can_see(rec) or (instance_id is not None and rec.instance_id != instance_id):
             raise TaskNotFound(f"no task {task_id!r}", field="id")
+        if instance_id is not None and rec.incarnation is not None:
+            # under /agents/{id}: only the tasks of the instance that has the id now
+            instance = await self.instance(instance_id)
+            if instance is None or instance.incarnation != rec.incarnation:
+                raise TaskNotFound(f"no task {task_id!r}", field="id")
         return rec
 
     async def list_tasks(

@@ -48,6 +48,7 @@ IDEM = cast(Table, m.IdempotencyKey.__table__)
 @dataclass(frozen=True)
 class TaskFilter:
     instance_id: str | None = None
+    incarnation: str | None = None  # only tasks sent to this incarnation of the instance
     owner: str | None = None  # None: every owner (admins)
     context_id: str | None = None
     states: tuple[TaskState, ...] = ()
@@ -146,6 +147,7 @@ class TaskStore:
         values = {
             "id": record.id,
             "instance_id": record.instance_id,
+            "incarnation": record.incarnation,
             "owner": record.owner,
             "context_id": record.context_id,
             "state": record.state.value,
@@ -511,6 +513,8 @@ def _filter_conditions(flt: TaskFilter) -> list[Any]:
     conds: list[Any] = []
     if flt.instance_id is not None:
         conds.append(m.Task.instance_id == flt.instance_id)
+    if flt.incarnation is not None:
+        conds.append(m.Task.incarnation == flt.incarnation)
     if flt.owner is not None:
         conds.append(m.Task.owner == flt.owner)
     if flt.context_id:

@@ -97,7 +97,11 @@ async def test_enrollment_refusals_and_a_valid_enrollment(sandbox_server: Server
     uris = cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ).value.get_values_for_type(x509.UniformResourceIdentifier)
-    assert uris == [f"spiffe://agentic-sandbox/instance/{a}"]
+    incarnation = server.ok("GET", f"/api/v2/admin/instances/{a}")["incarnation"]
+    assert uris == [
+        f"spiffe://agentic-sandbox/instance/{a}",
+        f"urn:agentic-sandbox:incarnation:{incarnation}",
+    ]
     ack = await _connect(server, key_pem, cert_pem, a)
     assert ack.WhichOneof("body") == "register_ack"
 

@@ -260,6 +260,7 @@ async def test_credentials_and_scopes(agent: Agent) -> None:
     resp = await _rpc(agent, None, "ListTasks", {})
     assert resp.status_code == 401 and resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert resp.json()["error"]["data"][0]["reason"] == "UNAUTHENTICATED"
+    await agent.add_instance("vm9")
     other = await agent.key(["a2a:read", "a2a:invoke"], instance_id="vm9")
     resp = await _rpc(agent, other, "ListTasks", {})
     assert resp.status_code == 403

@@ -146,4 +146,5 @@ def test_seed_iso_has_cidata_label_and_cloud_init_names(tmp_path: Path) -> None:
     assert files[".volume_id"] == b"cidata"
     assert files["user-data"].startswith(b"#cloud-config")
     assert json.loads(files["agentic-sandbox.json"]) == {"instance_id": "a"}
-    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"  # it holds a one-time token
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from agentic_sandbox.broker.agentlink.ca import (
     SERVER_NAME,
     CertificateAuthority,
     CertificateError,
+    incarnation_from_certificate,
     instance_from_certificate,
 )
+
+INC = "5b0c7f5e-2b3c-4d5e-8f90-1a2b3c4d5e6f"
 
 
 def test_agent_key_and_csr_are_standard(tmp_path: Path) -> None:
@@ -49,9 +53,11 @@ def test_ca_issues_instance_certificates_from_any_csr_subject(tmp_path: Path) ->
     ca = CertificateAuthority(tmp_path / "ca")
     assert (tmp_path / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
     _key, csr_pem = pki.new_key_and_csr("i-am-someone-else")
-    issued = ca.issue_agent(csr_pem, "web-1", dt.timedelta(hours=1))
+    incarnation = str(uuid.uuid4())
+    issued = ca.issue_agent(csr_pem, "web-1", incarnation, dt.timedelta(hours=1))
     cert = x509.load_pem_x509_certificate(issued.pem)
     assert instance_from_certificate(cert) == "web-1"
+    assert incarnation_from_certificate(cert) == incarnation == issued.incarnation
     cert.verify_directly_issued_by(ca.certificate)
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -69,7 +75,7 @@ def test_ca_issues_instance_certificates_from_any_csr_subject(tmp_path: Path) ->
 def test_ca_refuses_bad_requests(tmp_path: Path) -> None:
     ca = CertificateAuthority(tmp_path / "ca")
     with pytest.raises(CertificateError):
-        ca.issue_agent(b"not a csr", "web-1", dt.timedelta(hours=1))
+        ca.issue_agent(b"not a csr", "web-1", INC, dt.timedelta(hours=1))
     weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     csr = (
         x509.CertificateSigningRequestBuilder()
@@ -77,10 +83,10 @@ def test_ca_refuses_bad_requests(tmp_path: Path) -> None:
         .sign(weak, hashes.SHA256())
     )
     with pytest.raises(CertificateError, match="2048"):
-        ca.issue_agent(csr.public_bytes(serialization.Encoding.PEM), "web-1", dt.timedelta(1))
+        ca.issue_agent(csr.public_bytes(serialization.Encoding.PEM), "web-1", INC, dt.timedelta(1))
     with pytest.raises(CertificateError, match="instance id"):
-        ca.issue_agent(pki.new_key_and_csr("x")[1], "Bad_Id", dt.timedelta(1))
+        ca.issue_agent(pki.new_key_and_csr("x")[1], "Bad_Id", INC, dt.timedelta(1))
     other = CertificateAuthority(tmp_path / "other")
-    foreign = other.issue_agent(pki.new_key_and_csr("x")[1], "web-1", dt.timedelta(hours=1))
+    foreign = other.issue_agent(pki.new_key_and_csr("x")[1], "web-1", INC, dt.timedelta(hours=1))
     with pytest.raises(CertificateError):
         ca.verify_issued(x509.load_pem_x509_certificate(foreign.pem))

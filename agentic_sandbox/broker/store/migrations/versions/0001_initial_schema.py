@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 15:58:50.937296
+Create Date: (regenerated)
 """
 
 from collections.abc import Sequence
@@ -24,6 +24,7 @@ def upgrade() -> None:
         "agent_certificates",
         sa.Column("serial", sa.String(length=64), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column(
             "not_before",
             agentic_sandbox.broker.store.models.UTCDateTime(timezone=True),
@@ -42,6 +43,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("serial", name=op.f("pk_agent_certificates")),
     )
     with op.batch_alter_table("agent_certificates", schema=None) as batch_op:
+        batch_op.create_index(
+            batch_op.f("ix_agent_certificates_incarnation"), ["incarnation"], unique=False
+        )
         batch_op.create_index(
             batch_op.f("ix_agent_certificates_instance_id"), ["instance_id"], unique=False
         )
@@ -69,6 +73,7 @@ def upgrade() -> None:
         "api_keys",
         sa.Column("id", sa.String(length=32), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("name", sa.String(length=128), nullable=False),
         sa.Column("scopes", sa.JSON(), nullable=False),
@@ -139,6 +144,7 @@ def upgrade() -> None:
         "enrollment_tokens",
         sa.Column("id", sa.String(length=32), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column("token_hash", sa.String(length=64), nullable=False),
         sa.Column(
             "created_at",
@@ -248,6 +254,7 @@ def upgrade() -> None:
         "instance_keys",
         sa.Column("kid", sa.String(length=64), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column("private_ciphertext", sa.LargeBinary(), nullable=False),
         sa.Column("public_jwk", sa.JSON(), nullable=False),
         sa.Column(
@@ -270,6 +277,7 @@ def upgrade() -> None:
     op.create_table(
         "instances",
         sa.Column("id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("host", sa.String(length=63), nullable=True),
         sa.Column("image", sa.String(length=128), nullable=True),
@@ -300,6 +308,7 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_instances")),
+        sa.UniqueConstraint("incarnation", name=op.f("uq_instances_incarnation")),
     )
     with op.batch_alter_table("instances", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_instances_host"), ["host"], unique=False)
@@ -434,6 +443,7 @@ def upgrade() -> None:
         "sessions",
         sa.Column("id", sa.String(length=36), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=True),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("name", sa.String(length=128), nullable=False),
         sa.Column("command", sa.JSON(), nullable=True),
@@ -484,6 +494,7 @@ def upgrade() -> None:
         sa.Column("object_id", sa.String(length=64), nullable=False),
         sa.Column("subject", sa.String(length=128), nullable=False),
         sa.Column("access", sa.String(length=16), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=True),
         sa.Column(
             "created_at",
             agentic_sandbox.broker.store.models.UTCDateTime(timezone=True),
@@ -519,6 +530,7 @@ def upgrade() -> None:
         "tasks",
         sa.Column("id", sa.String(length=36), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=True),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("context_id", sa.String(length=64), nullable=False),
         sa.Column("state", sa.String(length=32), nullable=False),
@@ -609,6 +621,7 @@ def upgrade() -> None:
         "secret_bindings",
         sa.Column("secret_id", sa.String(length=32), nullable=False),
         sa.Column("instance_id", sa.String(length=63), nullable=False),
+        sa.Column("incarnation", sa.String(length=36), nullable=False),
         sa.Column("env_name", sa.String(length=128), nullable=True),
         sa.ForeignKeyConstraint(
             ["secret_id"],
@@ -756,6 +769,7 @@ def downgrade() -> None:
     op.drop_table("agent_links")
     with op.batch_alter_table("agent_certificates", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_agent_certificates_instance_id"))
+        batch_op.drop_index(batch_op.f("ix_agent_certificates_incarnation"))
 
     op.drop_table("agent_certificates")
     # ### end Alembic commands ###
