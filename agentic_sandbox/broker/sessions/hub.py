@@ -77,7 +77,6 @@ SIGNALS = {
     "KILL": pb.SIGNAL_KILL,
     "HUP": pb.SIGNAL_HUP,
 }
-REDACT_FLUSH_SECONDS = 0.05
 HOUSEKEEPING_SECONDS = 0.25
 OFFSET_PERSIST_SECONDS = 2.0
 SECRETS_REFRESH_SECONDS = 10.0
@@ -420,9 +419,13 @@ class SessionHub:
         instances = {s.instance_id for s in self._sessions.values() if not s.ended}
         for instance_id in instances:
             values = (await self._secrets(instance_id)).values()
-            for sess in self._sessions.values():
+            for sess in list(self._sessions.values()):
                 if sess.instance_id == instance_id and not sess.ended:
                     sess.redactor.set(values)
+                    if sess.redactor.held:  # what was held may no longer start a secret
+                        released = sess.redactor.feed(b"")
+                        if released:
+                            self._append(sess, released)
 
     def _evict(self, sess: HubSession) -> None:
         if sess.recording is not None:
@@ -743,7 +746,7 @@ class SessionHub:
         if sess.ended:
             return
         previous = sess.state
-        leftover = sess.redactor.flush()
+        leftover = sess.redactor.mask_held()  # the stream ends inside what may be a secret
         if leftover:
             self._append(sess, leftover)
         sess.state = state
@@ -820,8 +823,7 @@ class SessionHub:
         loop = self._loop or asyncio.get_running_loop()
         sess.last_output = loop.time()
         if sess.quiet_timer is None and not sess.ended:
-            delay = REDACT_FLUSH_SECONDS if sess.redactor.held else self._hitl_quiet()
-            sess.quiet_timer = loop.call_later(delay, self._on_quiet, sess)
+            sess.quiet_timer = loop.call_later(self._hitl_quiet(), self._on_quiet, sess)
         sess.notify()
 
     def _hitl_quiet(self) -> float:
@@ -833,13 +835,6 @@ class SessionHub:
             return
         loop = self._loop or asyncio.get_running_loop()
         idle = loop.time() - sess.last_output
-        if sess.redactor.held and idle >= REDACT_FLUSH_SECONDS:
-            held = sess.redactor.flush()
-            start = sess.ring.end
-            sess.ring.append(held)
-            if sess.recording is not None:
-                sess.recording.output(start, held)
-            sess.notify()
         quiet = self._hitl_quiet()
         if idle < quiet:
             sess.quiet_timer = loop.call_later(quiet - idle, self._on_quiet, sess)
@@ -928,7 +923,7 @@ class SessionHub:
                 offset,
                 extra={"session_id": sess.id},
             )
-            held = sess.redactor.flush()
+            held = sess.redactor.mask_held()  # what it began is lost: it may be a secret's start
             if held:
                 self._append(sess, held)
             sess.ring.reset(offset)
