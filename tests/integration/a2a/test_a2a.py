@@ -390,6 +390,7 @@ async def test_dead_push_receiver_is_recorded_after_retries(stack: Stack) -> Non
         await asyncio.sleep(0.1)
     assert items, "no task.push_failed event"
     assert items[0]["data"]["attempts"] == 3 and items[0]["data"]["url"] == dead
+    assert items[0]["data"]["error"] == "delivery failed (no HTTP answer)"
 
 
 # ---- the deprecated v1 API on the same store ------------------------------------------------
