@@ -7,6 +7,7 @@ variables) and invalid values fail start-up with a message naming the key.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import os
 import tomllib
 from enum import StrEnum
@@ -191,6 +192,11 @@ class Settings(BaseSettings):
     push_backoff_initial_seconds: float = Field(default=0.5, ge=0.01, le=600)
     push_backoff_max_seconds: float = Field(default=30.0, ge=0.01, le=3600)
     push_timeout_seconds: float = Field(default=10.0, ge=0.1, le=300)
+    push_allow_networks: list[str] = Field(
+        default_factory=list,
+        description="networks (CIDR, or single addresses) push notifications may reach although "
+        "they are not public: loopback, private, link-local … are refused otherwise",
+    )
     a2a_card_max_age_seconds: int = Field(default=300, ge=0, le=86_400)
     v1_sunset: dt.date = Field(
         default=dt.date(2027, 6, 30), description="Sunset date announced by the v1 task API"
@@ -200,6 +206,16 @@ class Settings(BaseSettings):
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
+        return value
+
+    @field_validator("push_allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP network (CIDR) or address") from None
         return value
 
     @field_validator("log_level")

@@ -12,6 +12,8 @@ Benchmarks (targets from the issue):
   throughput         one session's output to one observer: >= 50 MB/s
   fan-out 10 / 100   the same flood to N observers: aggregate >= 300 MB/s
   stalled observer   controller echo p99 with a never-reading observer attached moves < 10 %
+  redacted           the throughput flood with a secret bound to the instance: text lines that
+                     hold a secret's prefix and the whole secret (redaction on the output path)
   ctrl-c             `yes` flood, Ctrl-C -> output stopped (prompt back) within 200 ms
   agent links        1000 simulated agents with heartbeats: server RSS <= 500 MiB, CPU <= 20 %
 """
@@ -46,6 +48,13 @@ SUBPROTOCOL = "sandbox.pty.v1"
 ECHO_CMD = ["sh", "-c", "stty -icanon -opost; exec cat > /dev/null"]
 LETTERS = b"abcdefghijklmnopqrstuvwxyz"
 RESULTS: dict[str, Any] = {}
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -236,24 +245,39 @@ async def _observer(
         await ws.close()
 
 
+ZERO_FLOOD = "head -c {size} /dev/zero | tr '\\0' x"
+REDACT_SECRET = "bench-s3cr3t-0123456789abcdef"
+# Every line holds a secret's prefix that fails, and the whole secret (masked).
+REDACT_FLOOD = (
+    f"yes 'output line with bench-s3cr a prefix and the secret {REDACT_SECRET} in it' "
+    "| head -c {size}"
+)
+
+
 async def bench_flood(
-    server: ServerProcess, instance: str, observers: int, size: int
+    server: ServerProcess,
+    instance: str,
+    observers: int,
+    size: int,
+    source: str = ZERO_FLOOD,
 ) -> dict[str, Any]:
     wait = 1.0 + observers * 0.03
     cmd = [
         "sh",
         "-c",
-        f"stty -opost -echo; sleep {wait:.2f}; head -c {size} /dev/zero | tr '\\0' x; "
+        f"stty -opost -echo; sleep {wait:.2f}; {source.format(size=size)}; "
         f"printf {FLOOD_END.decode()}; sleep 600",
     ]
     sid = create(server, instance, cmd)
     stats: list[dict[str, Any]] = [{} for _ in range(observers)]
+    cpu0 = process_cpu_seconds(server.pid)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         tasks = [
             asyncio.create_task(_observer(http, attach_url(server, sid), server.admin_token, st))
             for st in stats
         ]
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+    server_cpu = process_cpu_seconds(server.pid) - cpu0
     server.ok("POST", f"/api/v2/admin/sessions/{sid}/kill")
     total = sum(st["bytes"] for st in stats)
     start = min(st["first"] for st in stats if st["first"])
@@ -267,7 +291,35 @@ async def bench_flood(
         "seconds": round(end - start, 2),
         "resyncs": sum(st.get("resyncs", 0) for st in stats),
         "delivered_fraction": round(total / (size * observers), 3),
+        # the whole flood, session start and observer connects included
+        "server_cpu_ms_per_MB": round(server_cpu * 1000 / (size / 1e6), 2),
     }
+
+
+def bench_redactor(total: int) -> None:
+    """The redactor alone, in this process: a flood in 64 KiB chunks (text lines with a
+    secret's failing prefix and the whole secret, among 10 bound secrets) and an echo-like
+    stream of 1-byte writes."""
+    from agentic_sandbox.broker.sessions.redaction import StreamRedactor
+
+    secrets = [REDACT_SECRET] + [f"other-secret-value-{i:02d}-xyz" for i in range(9)]
+    line = f"output line with bench-s3cr a prefix and the secret {REDACT_SECRET} in it\n"
+    data = (line.encode() * (total // len(line) + 1))[:total]
+    out: dict[str, Any] = {"secrets": len(secrets)}
+    for name, chunk in (("flood_64KiB_chunks", 64 * 1024), ("keystrokes_1_byte", 1)):
+        n = total if chunk > 1 else min(total, 200_000)
+        r = StreamRedactor(secrets)
+        t0 = time.perf_counter()
+        got = 0
+        for i in range(0, n, chunk):
+            got += len(r.feed(data[i : i + chunk]))
+        seconds = time.perf_counter() - t0
+        out[name] = {
+            "bytes": n,
+            "MB_s": round(n / seconds / 1e6, 1),
+            "us_per_feed": round(seconds / ((n + chunk - 1) // chunk) * 1e6, 2),
+        }
+    RESULTS["redactor"] = out
 
 
 async def bench_stalled(server: ServerProcess, instance: str, n: int) -> None:
@@ -513,12 +565,9 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         connect_s = time.perf_counter() - t_conn
         await asyncio.sleep(5)  # settle: every agent has sent a heartbeat
         pid = server.pid
-        clk = os.sysconf("SC_CLK_TCK")
 
         def cpu() -> float:
-            with open(f"/proc/{pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            return (int(parts[11]) + int(parts[12])) / clk
+            return process_cpu_seconds(pid)
 
         def rss_mib() -> float:
             with open(f"/proc/{pid}/status") as f:
@@ -573,7 +622,7 @@ async def run(tmp: Path, args: argparse.Namespace) -> None:
         return not only or name in only
 
     need_session_server = any(
-        want(n) for n in ("keystroke", "throughput", "fanout", "stalled", "ctrlc")
+        want(n) for n in ("keystroke", "throughput", "fanout", "stalled", "ctrlc", "redacted")
     )
     if need_session_server:
         server = ServerProcess(
@@ -611,9 +660,26 @@ async def run(tmp: Path, args: argparse.Namespace) -> None:
             if want("ctrlc"):
                 await bench_ctrl_c(server, agent.instance_id, 3 if args.quick else 10)
                 print_partial("ctrl_c")
+            if want("redacted"):  # last: the bound secret applies to later sessions
+                server.ok(
+                    "PUT",
+                    "/api/v2/admin/secrets/BENCH_SECRET",
+                    {
+                        "value": REDACT_SECRET,
+                        "instances": [agent.instance_id],
+                        "env_name": "BENCH_SECRET",
+                    },
+                )
+                RESULTS["throughput_redacted"] = await bench_flood(
+                    server, agent.instance_id, 1, size, REDACT_FLOOD
+                )
+                print_partial("throughput_redacted")
         finally:
             agent.stop()
             server.stop()
+    if want("redactor"):
+        bench_redactor(16 * 1024 * 1024 if args.quick else 128 * 1024 * 1024)
+        print_partial("redactor")
     if want("agents"):
         await bench_agent_links(tmp, 200 if args.quick else 1000, 10 if args.quick else 30)
         print_partial("agent_links")
@@ -644,7 +710,33 @@ def table() -> str:
         )
     t = RESULTS.get("throughput_1_observer")
     if t:
-        rows.append(("throughput, 1 session -> 1 observer", f"{t['aggregate_MB_s']} MB/s", ">= 50"))
+        rows.append(
+            (
+                "throughput, 1 session -> 1 observer",
+                f"{t['aggregate_MB_s']} MB/s",
+                f">= 50; server {t['server_cpu_ms_per_MB']} ms CPU/MB",
+            )
+        )
+    t = RESULTS.get("throughput_redacted")
+    if t:
+        rows.append(
+            (
+                "throughput with a bound secret",
+                f"{t['aggregate_MB_s']} MB/s",
+                f"server {t['server_cpu_ms_per_MB']} ms CPU/MB",
+            )
+        )
+    rd = RESULTS.get("redactor")
+    if rd:
+        for key, label in (("flood_64KiB_chunks", "64 KiB"), ("keystrokes_1_byte", "1-byte")):
+            v = rd[key]
+            rows.append(
+                (
+                    f"redactor alone, {label} writes",
+                    f"{v['MB_s']} MB/s",
+                    f"{v['us_per_feed']} us per write, {rd['secrets']} secrets",
+                )
+            )
     for n in (10, 100):
         f = RESULTS.get(f"fanout_{n}_observers")
         if f:
@@ -698,7 +790,16 @@ def main() -> int:
     ap.add_argument(
         "--only",
         nargs="*",
-        choices=["keystroke", "throughput", "fanout", "stalled", "ctrlc", "agents"],
+        choices=[
+            "keystroke",
+            "throughput",
+            "fanout",
+            "stalled",
+            "ctrlc",
+            "redacted",
+            "redactor",
+            "agents",
+        ],
     )
     ap.add_argument("--baseline-server", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -265,11 +265,10 @@ class A2AHandler:
             raise e.InvalidParamsError(
                 "taskId is required", fields=[{"field": "taskId", "description": "required"}]
             )
+        # A2A 1.0 §3.1.7 lists only PushNotificationNotSupportedError and TaskNotFoundError for
+        # CreateTaskPushNotificationConfig (unlike SubscribeToTask, §3.1.6, which refuses a
+        # terminal task): a config for a task that has ended is stored and never fires.
         rec = await self._task(call, tid)
-        if rec.state.terminal:
-            raise e.UnsupportedOperationError(
-                f"task {tid} is {rec.state.value}; it will send no more notifications"
-            )
         try:
             view = await self.tasks.put_push_config(rec, push_request(req))
         except TaskError as exc:

@@ -12,6 +12,12 @@ the agent has, mark lost what it no longer has, adopt what the server lost track
 must end) and asks for output from where its (empty) ring must start to hold the most the
 agent still has — so a client reattaching with `from=<offset>` continues byte-exactly.
 
+Everything an agent reports is untrusted: session ids must be the server's own (canonical
+UUIDs, `broker.sessions.ids`) before they are looked up, stored or made into a file name, and a
+message for a session of another instance, or one the hub does not hold, is dropped (the first
+few per link are logged, all are counted). Adopting unknown sessions stops at the per-instance
+session limit; the agent is told to end the rest.
+
 Implements `broker.sessions.contract.SessionService` and the agent link's `LinkHandler`.
 """
 
@@ -21,13 +27,16 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import re
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client import Counter as MetricCounter
 from sqlalchemy import select, update
 
 from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed
@@ -47,6 +56,7 @@ from agentic_sandbox.broker.sessions.contract import (
     SessionSpec,
 )
 from agentic_sandbox.broker.sessions.hitl import TAIL_BYTES, detect_prompt
+from agentic_sandbox.broker.sessions.ids import UnsafePath, is_session_id, session_file, shown
 from agentic_sandbox.broker.sessions.recording import Recording
 from agentic_sandbox.broker.sessions.redaction import StreamRedactor
 from agentic_sandbox.broker.sessions.ring import OutputRing
@@ -68,11 +78,18 @@ SIGNALS = {
     "KILL": pb.SIGNAL_KILL,
     "HUP": pb.SIGNAL_HUP,
 }
-REDACT_FLUSH_SECONDS = 0.05
 HOUSEKEEPING_SECONDS = 0.25
 OFFSET_PERSIST_SECONDS = 2.0
 SECRETS_REFRESH_SECONDS = 10.0
 FOLLOW_CHUNK = 256 * 1024
+# Output offsets an agent may report: what a JavaScript client still holds exactly, far beyond
+# any real session, and within the database's signed 64-bit column.
+MAX_OFFSET = 2**53 - 1
+REFUSALS_LOGGED_PER_LINK = 10  # then only counted (sandbox_agent_refusals_total)
+MAX_CLOSE_REPLIES = 10_000  # sessions a registration answer tells the agent to end, at most
+ID_LOOKUP_BATCH = 500
+EXIT_REASON_CHARS = 2000
+_SIGNAL_NAME = re.compile(r"[A-Z][A-Z0-9+-]{0,15}")
 
 
 class TooManySessions(SessionError):
@@ -149,12 +166,27 @@ class HubSession:
 
 
 def _exit_from_pb(info: pb.ExitInfo) -> ExitStatus:
+    """The agent's exit report, with its strings bounded (they reach rows, events and logs)."""
+    signal = info.signal if _SIGNAL_NAME.fullmatch(info.signal) else None
+    reason = info.error[:EXIT_REASON_CHARS]
+    if info.signal and signal is None:
+        reason = reason or "killed by a signal the agent named oddly"
     return ExitStatus(
         code=info.code if info.has_code else None,
-        signal=info.signal or None,
+        signal=signal,
         lost=False,
-        reason=info.error,
+        reason=reason,
     )
+
+
+def _inventory_ok(inv: pb.SessionInventory) -> bool:
+    """Offsets an agent's session can really have."""
+    return inv.ring_start <= inv.end_offset <= MAX_OFFSET
+
+
+def _size(cols: int, rows: int) -> tuple[int, int]:
+    """A terminal size reported by an agent, within what the protocol allows (0: not known)."""
+    return min(cols, proto.MAX_COLS), min(rows, proto.MAX_ROWS)
 
 
 class SessionHub:
@@ -180,6 +212,14 @@ class SessionHub:
         self._last_offset_persist = 0.0
         self._last_secrets_refresh = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._refusals: dict[str, int] = {}  # per agent link (its id): refusals so far
+        self._m_refused = MetricCounter(
+            "sandbox_agent_refusals_total",
+            "Agent reports the session hub refused, by reason (bad-id, not-owned, unknown, "
+            "bad-offset, bad-inventory, over-cap)",
+            ["reason"],
+            registry=self.metrics.registry,
+        )
         self.metrics.provide(
             "sandbox_sessions",
             "Sessions held by the hub, by state",
@@ -280,13 +320,30 @@ class SessionHub:
             recording_path=row.recording_path,
         )
         if row.recording_path and self.settings.session_recording:
-            sess.recording = Recording.resume(
-                Path(row.recording_path),
-                started_wall=row.created_at.timestamp(),
-                max_bytes=self.settings.session_recording_max_bytes,
-                record_input=self.settings.session_recording_input,
-            )
+            path = self.recording_file(row.id)
+            if path is None:
+                log.warning(
+                    "session %s: not a session id the server makes; its recording is not resumed",
+                    shown(row.id),
+                )
+            else:
+                sess.recording = Recording.resume(
+                    path,
+                    started_wall=row.created_at.timestamp(),
+                    max_bytes=self.settings.session_recording_max_bytes,
+                    record_input=self.settings.session_recording_input,
+                )
         return sess
+
+    def recording_file(self, session_id: str) -> Path | None:
+        """The recording file of a session, `<recordings>/<id>.cast`, for a well-formed id and
+        resolving inside the recordings directory; None otherwise. Always derived from the id:
+        a row's `recording_path` only says that the session is recorded (a stored path is
+        never opened, so a row cannot point the server at another file)."""
+        try:
+            return session_file(self.recordings_dir, session_id, ".cast")
+        except UnsafePath:
+            return None
 
     def _add(self, sess: HubSession) -> None:
         self._sessions[sess.id] = sess
@@ -366,9 +423,13 @@ class SessionHub:
         instances = {s.instance_id for s in self._sessions.values() if not s.ended}
         for instance_id in instances:
             values = (await self._secrets(instance_id)).values()
-            for sess in self._sessions.values():
+            for sess in list(self._sessions.values()):
                 if sess.instance_id == instance_id and not sess.ended:
                     sess.redactor.set(values)
+                    if sess.redactor.held:  # what was held may no longer start a secret
+                        released = sess.redactor.feed(b"")
+                        if released:
+                            self._append(sess, released)
 
     def _evict(self, sess: HubSession) -> None:
         if sess.recording is not None:
@@ -477,7 +538,7 @@ class SessionHub:
         )
         sess.redactor.set(secrets_env.values())
         if self.settings.session_recording:
-            path = self.recordings_dir / f"{sid}.cast"
+            path = session_file(self.recordings_dir, sid, ".cast")
             sess.recording = Recording.create(
                 path,
                 cols=cols,
@@ -709,7 +770,7 @@ class SessionHub:
         if sess.ended:
             return
         previous = sess.state
-        leftover = sess.redactor.flush()
+        leftover = sess.redactor.mask_held()  # the stream ends inside what may be a secret
         if leftover:
             self._append(sess, leftover)
         sess.state = state
@@ -786,8 +847,7 @@ class SessionHub:
         loop = self._loop or asyncio.get_running_loop()
         sess.last_output = loop.time()
         if sess.quiet_timer is None and not sess.ended:
-            delay = REDACT_FLUSH_SECONDS if sess.redactor.held else self._hitl_quiet()
-            sess.quiet_timer = loop.call_later(delay, self._on_quiet, sess)
+            sess.quiet_timer = loop.call_later(self._hitl_quiet(), self._on_quiet, sess)
         sess.notify()
 
     def _hitl_quiet(self) -> float:
@@ -799,13 +859,6 @@ class SessionHub:
             return
         loop = self._loop or asyncio.get_running_loop()
         idle = loop.time() - sess.last_output
-        if sess.redactor.held and idle >= REDACT_FLUSH_SECONDS:
-            held = sess.redactor.flush()
-            start = sess.ring.end
-            sess.ring.append(held)
-            if sess.recording is not None:
-                sess.recording.output(start, held)
-            sess.notify()
         quiet = self._hitl_quiet()
         if idle < quiet:
             sess.quiet_timer = loop.call_later(quiet - idle, self._on_quiet, sess)
@@ -844,22 +897,44 @@ class SessionHub:
             conn.incarnation,
         )
 
-    def _mine(self, conn: AgentConnection, session_id: str) -> HubSession | None:
-        sess = self._sessions.get(session_id)
-        if sess is None or not self._belongs(sess, conn):
-            log.warning(
-                "agent %s sent a message for session %s it does not own",
-                conn.instance_id,
-                session_id,
-                extra={"instance_id": conn.instance_id, "session_id": session_id},
-            )
-            return None
-        return sess
+    def _refuse(self, conn: AgentConnection, what: str, reason: str, session_id: str) -> None:
+        """Drop one agent message: counted always, logged for the first few of each link."""
+        self._m_refused.labels(reason).inc()
+        n = self._refusals.get(conn.id, 0) + 1
+        self._refusals[conn.id] = n
+        if n > REFUSALS_LOGGED_PER_LINK:
+            return
+        log.warning(
+            "agent %s: %s for session %s refused (%s)%s",
+            conn.instance_id,
+            what,
+            shown(session_id),
+            reason,
+            "; further refusals on this link are only counted (sandbox_agent_refusals_total)"
+            if n == REFUSALS_LOGGED_PER_LINK
+            else "",
+            extra={"instance_id": conn.instance_id, "reason": reason},
+        )
+
+    def _mine(self, conn: AgentConnection, session_id: str, what: str) -> HubSession | None:
+        """The session a message of this agent is about, if it is one of the agent's own (of
+        its instance and incarnation)."""
+        sess = self._sessions.get(session_id)  # keys are ids the server made or checked
+        if sess is not None and self._belongs(sess, conn):
+            return sess
+        if sess is not None:
+            reason = "not-owned"
+        elif is_session_id(session_id):
+            reason = "unknown"
+        else:
+            reason = "bad-id"
+        self._refuse(conn, what, reason, session_id)
+        return None
 
     def on_output(self, conn: AgentConnection, msg: pb.SessionOutput) -> None:
         sess = self._sessions.get(msg.session_id)
         if sess is None or not self._belongs(sess, conn):
-            self._mine(conn, msg.session_id)
+            self._mine(conn, msg.session_id, "output")
             return
         data = msg.data
         offset = msg.offset
@@ -867,6 +942,9 @@ class SessionHub:
         n = len(data)
         if offset + n <= end:
             return  # already have it
+        if offset + n > MAX_OFFSET:
+            self._refuse(conn, "output", "bad-offset", sess.id)
+            return
         if offset < end:
             data = data[end - offset :]
             offset = end
@@ -878,7 +956,7 @@ class SessionHub:
                 offset,
                 extra={"session_id": sess.id},
             )
-            held = sess.redactor.flush()
+            held = sess.redactor.mask_held()  # what it began is lost: it may be a secret's start
             if held:
                 self._append(sess, held)
             sess.ring.reset(offset)
@@ -889,14 +967,15 @@ class SessionHub:
         conn.ack(sess.id, sess.ring.end)
 
     def on_opened(self, conn: AgentConnection, msg: pb.SessionOpened) -> None:
-        sess = self._mine(conn, msg.session_id)
+        sess = self._mine(conn, msg.session_id, "opened")
         if sess is None:
             return
         if sess.opening is not None and not sess.opening.done():
+            msg.error = msg.error[:EXIT_REASON_CHARS]
             sess.opening.set_result(msg)
 
     def on_exit(self, conn: AgentConnection, msg: pb.SessionExit) -> None:
-        sess = self._mine(conn, msg.session_id)
+        sess = self._mine(conn, msg.session_id, "exit")
         if sess is None:
             return
         if not sess.ended:
@@ -905,7 +984,7 @@ class SessionHub:
                     "session %s exited with output %d..%d missing",
                     sess.id,
                     sess.recv_end,
-                    msg.end_offset,
+                    min(msg.end_offset, MAX_OFFSET),
                 )
             status = _exit_from_pb(msg.exit)
             if msg.exit.error and not msg.exit.has_code and not msg.exit.signal:
@@ -917,6 +996,7 @@ class SessionHub:
             conn.send(pb.ServerMessage(close=pb.CloseSession(session_id=sess.id)))
 
     def on_disconnect(self, conn: AgentConnection) -> None:
+        self._refusals.pop(conn.id, None)
         current = self.registry.get(conn.instance_id) if self.registry is not None else None
         if current is not None and current is not conn:
             return  # replaced by a newer link, which has registered already
@@ -940,7 +1020,19 @@ class SessionHub:
     async def on_register(
         self, conn: AgentConnection, register: pb.Register
     ) -> tuple[list[pb.ResumeOutput], list[str]]:
-        inventory = {inv.session_id: inv for inv in register.sessions}
+        refused: Counter[str] = Counter()
+        inventory: dict[str, pb.SessionInventory] = {}
+        impossible: set[str] = set()  # well-formed ids whose report cannot be true
+        for item in register.sessions:
+            if not is_session_id(item.session_id):
+                refused["bad-id"] += 1  # never looked up, stored or echoed back
+            elif not _inventory_ok(item):
+                refused["bad-inventory"] += 1
+                impossible.add(item.session_id)
+            else:
+                inventory[item.session_id] = item
+        for sid in impossible & inventory.keys():  # one impossible report for an id is enough
+            del inventory[sid]
         resume: list[pb.ResumeOutput] = []
         close: list[str] = []
         actor = f"agent:{conn.instance_id}"
@@ -948,18 +1040,24 @@ class SessionHub:
             if not self._belongs(sess, conn):
                 continue  # an earlier instance's with this id: never this agent's
             inv = inventory.pop(sess.id, None)
+            bad = sess.id in impossible
+            impossible.discard(sess.id)
             if sess.ended:
-                if inv is not None:
+                if inv is not None or bad:
                     close.append(sess.id)
                 continue
             if inv is None:
+                if bad:
+                    close.append(sess.id)
                 self._end(
                     sess,
                     "lost",
                     ExitStatus(
                         code=None,
                         lost=True,
-                        reason="the agent no longer has this session (it restarted?)",
+                        reason="the agent reported impossible output offsets for this session"
+                        if bad
+                        else "the agent no longer has this session (it restarted?)",
                     ),
                     actor=actor,
                 )
@@ -969,8 +1067,22 @@ class SessionHub:
             )
             if sess.kill_requested:
                 close.append(sess.id)
-        for sid, inv in inventory.items():
-            await self._reconcile_unknown(conn, sid, inv, resume, close)
+        close.extend(impossible)  # unknown to this instance: end them
+        if inventory:
+            await self._adopt(conn, inventory, resume, close, refused)
+        if len(close) > MAX_CLOSE_REPLIES:
+            refused["unanswered"] += len(close) - MAX_CLOSE_REPLIES
+            del close[MAX_CLOSE_REPLIES:]
+        if refused:
+            for reason, count in refused.items():
+                self._m_refused.labels(reason).inc(count)
+            log.warning(
+                "agent %s registered with sessions the server refused: %s; it is told to end "
+                "the well-formed ones",
+                conn.instance_id,
+                ", ".join(f"{count} {reason}" for reason, count in sorted(refused.items())),
+                extra={"instance_id": conn.instance_id, "refused": dict(refused)},
+            )
         if resume or close:
             log.info(
                 "agent %s registered: %d sessions resumed, %d to end",
@@ -1000,82 +1112,183 @@ class SessionHub:
         sess.synced = True
         for client in sess.clients.values():
             client.catchup_until = max(client.catchup_until, inv.end_offset)
-        if inv.cols and inv.rows and (inv.cols, inv.rows) != (sess.cols, sess.rows):
-            sess.cols, sess.rows = inv.cols, inv.rows
+        cols, rows = _size(inv.cols, inv.rows)
+        if cols and rows and (cols, rows) != (sess.cols, sess.rows):
+            sess.cols, sess.rows = cols, rows
             if sess.screen is not None:
-                sess.screen.resize(inv.cols, inv.rows)
+                sess.screen.resize(cols, rows)
         if sess.state == "starting" and inv.state == pb.SESSION_STATE_RUNNING:
             sess.state = "running"
             self._persist(sess.id, state="running")
         sess.notify()
         return frm
 
-    async def _reconcile_unknown(
+    async def _adopt(
         self,
         conn: AgentConnection,
-        sid: str,
-        inv: pb.SessionInventory,
+        unknown: dict[str, pb.SessionInventory],
         resume: list[pb.ResumeOutput],
         close: list[str],
+        refused: Counter[str],
     ) -> None:
-        async with self.db.session() as s:
-            row = await s.get(m.Session, sid)
-        if row is not None and (
-            row.state in ENDED
-            or row.instance_id != conn.instance_id
-            or (row.incarnation is not None and row.incarnation != conn.incarnation)
-        ):
+        """Sessions the agent holds that this instance's hub does not: adopt them while the
+        instance is under its session limit; end the rest, and any that is another instance's
+        or has ended."""
+        iid = conn.instance_id
+        room = self.settings.session_max_per_instance - sum(
+            1 for s in self._sessions.values() if s.instance_id == iid and not s.ended
+        )
+        pending: list[tuple[str, pb.SessionInventory]] = []
+        for sid, inv in unknown.items():
+            if sid in self._sessions:  # held for another instance (this one's matched above)
+                refused["not-owned"] += 1
+                close.append(sid)
+            else:
+                pending.append((sid, inv))
+        known_rows: list[tuple[m.Session, pb.SessionInventory]] = []
+        new: list[tuple[str, pb.SessionInventory]] = []
+        looked = 0
+        while looked < len(pending) and room > 0:
+            batch = pending[looked : looked + ID_LOOKUP_BATCH]
+            looked += len(batch)
+            async with self.db.session() as s:
+                found = {
+                    r.id: r
+                    for r in await s.scalars(
+                        select(m.Session).where(m.Session.id.in_([sid for sid, _ in batch]))
+                    )
+                }
+            for sid, inv in batch:
+                row = found.get(sid)
+                if row is not None and (
+                    row.instance_id != iid
+                    or (row.incarnation is not None and row.incarnation != conn.incarnation)
+                ):
+                    refused["not-owned"] += 1  # another instance's, or an earlier one's
+                    close.append(sid)
+                elif row is not None and row.state in ENDED:
+                    close.append(sid)  # it ended while the agent was away
+                elif room <= 0:
+                    refused["over-cap"] += 1
+                    close.append(sid)
+                else:
+                    room -= 1
+                    if row is None:
+                        new.append((sid, inv))
+                    else:
+                        known_rows.append((row, inv))
+        for sid, _ in pending[looked:]:
+            refused["over-cap"] += 1
             close.append(sid)
+        if new:
+            known_rows += await self._adopt_rows(conn, new)
+        if not known_rows:
             return
-        if row is None:
-            # The server lost track of it (e.g. its database was reset): adopt it.
-            now = dt.datetime.now(dt.UTC)
+        secrets = (await self._secrets(iid)).values()
+        for row, inv in known_rows:
+            sess = self._from_row(row)
+            sess.synced = False
+            sess.redactor.set(secrets)
+            self._add(sess)
+            resume.append(
+                pb.ResumeOutput(session_id=row.id, from_offset=self._resume_point(sess, inv))
+            )
+
+    async def _adopt_rows(
+        self, conn: AgentConnection, new: list[tuple[str, pb.SessionInventory]]
+    ) -> list[tuple[m.Session, pb.SessionInventory]]:
+        """Rows (and recordings) for sessions the server lost track of (e.g. its database was
+        reset), owned by the instance's owner."""
+        iid = conn.instance_id
+        claimed = {inv.task_id for _, inv in new if is_session_id(inv.task_id)}
+        tasks: set[str] = set()
+        if claimed:  # a task id is kept only when it names a task of this instance
+            async with self.db.session() as s:
+                tasks = set(
+                    await s.scalars(
+                        select(m.Task.id).where(m.Task.id.in_(claimed), m.Task.instance_id == iid)
+                    )
+                )
+        now = dt.datetime.now(dt.UTC)
+        rows: list[tuple[m.Session, pb.SessionInventory]] = []
+        for sid, inv in new:
+            cols, rows_ = _size(inv.cols, inv.rows)
             row = m.Session(
                 id=sid,
-                instance_id=conn.instance_id,
+                instance_id=iid,
                 incarnation=conn.incarnation,
                 owner=conn.owner,
                 name="adopted",
                 command=None,
-                cols=inv.cols or 80,
-                rows=inv.rows or 24,
+                cols=cols or 80,
+                rows=rows_ or 24,
                 env={},
                 state="running",
-                task_id=inv.task_id or None,
+                task_id=inv.task_id if inv.task_id in tasks else None,
                 output_offset=inv.ring_start,
                 created_at=now,
             )
             if self.settings.session_recording:
-                path = self.recordings_dir / f"{sid}.cast"
-                rec = Recording.create(
-                    path,
-                    cols=row.cols,
-                    rows=row.rows,
-                    title="adopted",
-                    command=None,
-                    started_wall=now.timestamp(),
-                    max_bytes=self.settings.session_recording_max_bytes,
-                    record_input=self.settings.session_recording_input,
-                )
-                rec.offset = inv.ring_start  # what came before is not on this server
-                rec.close()
-                row.recording_path = str(path)
+                row.recording_path = self._adopted_recording(row, inv.ring_start)
+            rows.append((row, inv))
+        try:
             async with self.db.session() as s:
-                s.add(row)
+                s.add_all([row for row, _ in rows])
+        except BaseException:
+            for row, _ in rows:
+                if row.recording_path:
+                    self._discard_recording(Path(row.recording_path))
+            raise
+        for row, _ in rows:
             self.metrics.sessions_opened.labels("adopted").inc()
             self.events.publish(
                 "session.adopted",
-                actor=f"agent:{conn.instance_id}",
-                instance_id=conn.instance_id,
-                session_id=sid,
+                actor=f"agent:{iid}",
+                instance_id=iid,
+                session_id=row.id,
+                task_id=row.task_id,
                 owner=conn.owner,
                 data={"reason": "the agent had a session the server did not know"},
             )
-        sess = self._from_row(row)
-        sess.synced = False
-        sess.redactor.set((await self._secrets(conn.instance_id)).values())
-        self._add(sess)
-        resume.append(pb.ResumeOutput(session_id=sid, from_offset=self._resume_point(sess, inv)))
+        return rows
+
+    def _adopted_recording(self, row: m.Session, offset: int) -> str | None:
+        """A new recording for an adopted session (never an existing file: when one is there,
+        whoever made it, it is left alone and the session is not recorded)."""
+        path = self.recording_file(row.id)
+        if path is None:
+            return None
+        try:
+            rec = Recording.create(
+                path,
+                cols=row.cols,
+                rows=row.rows,
+                title="adopted",
+                command=None,
+                started_wall=row.created_at.timestamp(),
+                max_bytes=self.settings.session_recording_max_bytes,
+                record_input=self.settings.session_recording_input,
+            )
+        except FileExistsError:
+            log.warning(
+                "session %s: a recording with its name exists already; it is left as it is and "
+                "the adopted session is not recorded",
+                row.id,
+                extra={"session_id": row.id},
+            )
+            return None
+        except OSError:
+            log.exception("creating the recording of adopted session %s failed", row.id)
+            return None
+        rec.offset = offset  # what came before is not on this server
+        rec.close()
+        return str(path)
+
+    @staticmethod
+    def _discard_recording(path: Path) -> None:
+        for p in (path, Path(str(path) + ".ckpt")):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
     # =========================================================================== clients
     def may_control(self, sess: HubSession, principal: Principal, shared: str | None) -> bool:

@@ -8,6 +8,10 @@ mangled). Writes are buffered and flushed by the hub a few times a second.
 Crash safety: after each flush a sidecar file `<id>.cast.ckpt` records (file size, output
 offset fully written). After a server crash the recording is cut back to the last checkpoint and
 continues from that output offset, so bytes the agent resends are recorded exactly once.
+
+Files are never truncated or replaced on creation: a new recording and its checkpoint are
+created exclusively (an existing file, whoever made it, is an error, not overwritten), and no
+file is opened through a symlink.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Recording:
         max_bytes: int,
         record_input: bool,
         offset: int = 0,
+        new: bool = False,
     ) -> None:
         self.path = path
         self.started_wall = started_wall
@@ -45,8 +50,16 @@ class Recording:
         self.truncated = False
         self.closed = False
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (long-lived)
-        self._ckpt_fd = os.open(str(path) + ".ckpt", os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._file = os.fdopen(fd, "ab", buffering=BUFFER_BYTES)
+        ckpt_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        if new:
+            ckpt_flags |= os.O_CREAT | os.O_EXCL
+        try:
+            self._ckpt_fd = os.open(str(path) + ".ckpt", ckpt_flags, 0o600)
+        except OSError:
+            self._file.close()
+            raise
         self._dirty = False
 
     # ---- creation ------------------------------------------------------------------------------
@@ -63,7 +76,7 @@ class Recording:
         max_bytes: int,
         record_input: bool,
     ) -> Recording:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """A new recording at `path`; `FileExistsError` when something is there already."""
         header: dict[str, Any] = {
             "version": 2,
             "width": cols,
@@ -73,10 +86,22 @@ class Recording:
         }
         if title:
             header["title"] = title
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         with os.fdopen(fd, "wb") as f:
             f.write(json.dumps(header).encode() + b"\n")
-        rec = cls(path, started_wall=started_wall, max_bytes=max_bytes, record_input=record_input)
+        try:
+            rec = cls(
+                path,
+                started_wall=started_wall,
+                max_bytes=max_bytes,
+                record_input=record_input,
+                new=True,
+            )
+        except OSError:
+            path.unlink(missing_ok=True)  # ours: created above
+            raise
         rec.checkpoint()
         return rec
 
@@ -86,22 +111,26 @@ class Recording:
     ) -> Recording | None:
         """Reopen after a restart, cut back to the last checkpoint; None when unusable."""
         try:
-            with open(str(path) + ".ckpt", "rb") as f:
+            fd = os.open(str(path) + ".ckpt", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
                 size, offset = _CKPT.unpack(f.read(_CKPT.size))
         except (OSError, struct.error):
             return None
         try:
-            with open(path, "r+b") as f:
-                f.truncate(size)
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            return cls(
+                path,
+                started_wall=started_wall,
+                max_bytes=max_bytes,
+                record_input=record_input,
+                offset=offset,
+            )
         except OSError:
             return None
-        return cls(
-            path,
-            started_wall=started_wall,
-            max_bytes=max_bytes,
-            record_input=record_input,
-            offset=offset,
-        )
 
     # ---- events -------------------------------------------------------------------------------
     def _event(self, code: str, data: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
@@ -433,8 +432,8 @@ async def get_recording(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
         live.recording.flush()
     if not row.recording_path:
         raise ProblemError(404, "this session has no recording", code="recording-not-found")
-    path = Path(row.recording_path)
-    if not await asyncio.to_thread(path.is_file):
+    path = hub.recording_file(row.id)  # derived from the id, never the stored path
+    if path is None or not await asyncio.to_thread(path.is_file):
         raise ProblemError(404, "the recording file is gone", code="recording-not-found")
     return web.FileResponse(
         path,

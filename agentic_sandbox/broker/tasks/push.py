@@ -6,6 +6,14 @@ token in `X-A2A-Notification-Token` and, when the config has `authentication`, a
 its own bounded queue; a failed POST (network error, timeout, 5xx, 408, 429) is retried with
 exponential backoff and jitter up to `push_max_attempts`; the final failure is recorded as a
 `task.push_failed` event and in the audit log. Tokens and credentials are stored sealed.
+
+Destinations are checked (`broker.tasks.destinations`): a URL whose host is, or resolves to, a
+loopback, private, link-local, metadata or otherwise non-public address is refused when the
+config is set, and again at every connection (the client connects to the addresses that were
+checked), unless `push_allow_networks` names it. What a failure records — events, the audit
+log, the API — is one of a few fixed texts (`HTTP <status>`, `destination not allowed`,
+`delivery failed (no HTTP answer)`): never an address, a port or an OS error, which would make
+the server a port scanner for whoever sets a webhook. The server log has the detail.
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.secrets.vault import Vault, VaultError
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.tasks.destinations import (
+    CheckedResolver,
+    DestinationPolicy,
+    DestinationRefused,
+    literal_address,
+)
 from agentic_sandbox.broker.tasks.errors import InvalidPushConfig
 from agentic_sandbox.broker.tasks.live import LiveTask, StreamEvent
 from agentic_sandbox.broker.tasks.store import TaskStore
@@ -41,6 +55,9 @@ QUEUE_LIMIT = 1000
 MAX_TOKEN = 1024
 RETRYABLE = frozenset({408, 425, 429})
 TOKEN_HEADER = "X-A2A-Notification-Token"
+ANSWER_BYTES = 64 * 1024  # of a receiver's answer body read (the rest is not)
+NOT_ALLOWED = "destination not allowed"
+NO_ANSWER = "delivery failed (no HTTP answer)"
 
 
 @dataclass
@@ -103,6 +120,7 @@ class PushNotifier:
         self.settings = settings
         self._targets: dict[str, dict[str, _Target]] = {}
         self._http: aiohttp.ClientSession | None = None
+        self.destinations = CheckedResolver(DestinationPolicy(settings.push_allow_networks))
         self.deliveries = Counter(
             "sandbox_task_push_total",
             "Push notification deliveries by outcome (ok, retry, failed, dropped)",
@@ -112,6 +130,8 @@ class PushNotifier:
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(
+            # the connector connects to the addresses its resolver checked
+            connector=aiohttp.TCPConnector(resolver=self.destinations),
             timeout=aiohttp.ClientTimeout(total=self.settings.push_timeout_seconds),
             headers={"User-Agent": "agentic-sandbox-push/1"},
         )
@@ -130,6 +150,7 @@ class PushNotifier:
         self._targets.clear()
         if self._http is not None:
             await self._http.close()
+        await self.destinations.close()
 
     # ---- configs --------------------------------------------------------------------------
     def _seal(self, value: str) -> str:
@@ -155,8 +176,15 @@ class PushNotifier:
         config_id: str | None,
         scheme: str | None,
         credentials: str | None,
+        deliver: bool = True,
     ) -> PushConfigView:
+        """Store a config (replacing one with the same id). `deliver=False` for a task that
+        has ended: the config is kept (A2A allows setting one) but nothing will be sent."""
         check_url(url)
+        try:
+            await self.destinations.check_url(url)
+        except DestinationRefused as exc:
+            raise InvalidPushConfig(str(exc), field="url") from None
         if token is not None and len(token) > MAX_TOKEN:
             raise InvalidPushConfig(f"token is longer than {MAX_TOKEN} characters", field="token")
         if scheme is not None and (not scheme.strip() or " " in scheme.strip()):
@@ -179,7 +207,8 @@ class PushNotifier:
         )
         await self.store.put_push_config(row)
         self._remove(task_id, cid)
-        self._add(row, instance_id)
+        if deliver:
+            self._add(row, instance_id)
         return PushConfigView(task_id, cid, url, token, auth["scheme"] if auth else None)
 
     def view(self, row: m.PushConfig) -> PushConfigView:
@@ -249,41 +278,50 @@ class PushNotifier:
         if target.authorization:
             headers["Authorization"] = target.authorization
         body = json.dumps(event, separators=(",", ":")).encode()
+        host = urlsplit(target.url).hostname or ""
         delay = s.push_backoff_initial_seconds
         error = ""
         for attempt in range(1, s.push_max_attempts + 1):
             retryable = True
+            why = ""
             try:
+                if literal_address(host):  # (names are checked by the connector's resolver)
+                    self.destinations.policy.check_address(host)
                 async with self._http.post(
                     target.url, data=body, headers=headers, allow_redirects=False
                 ) as resp:
-                    await resp.read()
+                    await resp.content.read(ANSWER_BYTES)
                     if 200 <= resp.status < 300:
                         self.deliveries.labels("ok").inc()
                         return
                     error = f"HTTP {resp.status}"
                     retryable = resp.status >= 500 or resp.status in RETRYABLE
+            except DestinationRefused:
+                error, retryable = NOT_ALLOWED, False
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                error = f"{type(exc).__name__}: {exc}".strip()
+                error, why = NO_ANSWER, f"{type(exc).__name__}: {exc}".strip()
             if not retryable or attempt == s.push_max_attempts:
-                self._record_failure(target, event, attempt, error)
+                self._record_failure(target, event, attempt, error, why)
                 return
             self.deliveries.labels("retry").inc()
             await asyncio.sleep(min(s.push_backoff_max_seconds, delay * random.uniform(0.8, 1.2)))
             delay = min(s.push_backoff_max_seconds, delay * 2)
 
     def _record_failure(
-        self, target: _Target, event: StreamEvent, attempts: int, error: str
+        self, target: _Target, event: StreamEvent, attempts: int, error: str, why: str = ""
     ) -> None:
+        """`error` is one of the fixed texts (events and the audit log show it); `why`, the
+        client's own error, goes to the server log only."""
         self.deliveries.labels("failed").inc()
         kind = next(iter(event), "unknown")
         url = shown_url(target.url)
         log.warning(
-            "push notification for task %s to %s failed after %d attempts: %s",
+            "push notification for task %s to %s failed after %d attempts: %s%s",
             target.task_id,
             url,
             attempts,
             error,
+            f" ({why})" if why else "",
         )
         detail = {"config_id": target.config_id, "url": url, "attempts": attempts, "event": kind}
         self.events.publish(

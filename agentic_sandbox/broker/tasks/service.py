@@ -602,6 +602,7 @@ class TaskService:
             config_id=push.config_id,
             scheme=push.scheme,
             credentials=push.credentials,
+            deliver=not rec.state.terminal,  # kept for an ended task, never sent
         )
 
     async def push_configs(self, rec: TaskRecord) -> list[PushConfigView]:

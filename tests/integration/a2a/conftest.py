@@ -59,6 +59,8 @@ async def stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
         "SANDBOX_TASK_CANCEL_GRACE_SECONDS": "1",
         "SANDBOX_PUSH_BACKOFF_INITIAL_SECONDS": "0.05",
         "SANDBOX_PUSH_BACKOFF_MAX_SECONDS": "0.2",
+        # the tests' webhook receivers listen on loopback, which is refused unless allowed
+        "SANDBOX_PUSH_ALLOW_NETWORKS": '["127.0.0.1/32"]',
         "SANDBOX_SESSION_HITL_QUIET_MS": "200",
     }
     env.update(getattr(request, "param", {}) or {})

@@ -121,6 +121,33 @@ async def test_send_blocking_and_return_immediately(stack: Stack, binding: str) 
         assert artifact_text(greeted[0].task).strip() == "hello Ada"
 
 
+async def test_a_secret_printed_slowly_stays_out_of_the_artifact_and_the_database(
+    stack: Stack,
+) -> None:
+    # One character per write, 0.15 s apart: right after other output, and after a 0.3 s pause.
+    secret = f"aaab-slow-{time.time_ns()}"
+    r = await stack.server.call(
+        "PUT",
+        "/api/v2/admin/secrets/SLOW_SECRET",
+        json={"value": secret, "instances": [INSTANCE], "env_name": "SLOW_SECRET"},
+    )
+    assert r.status_code in (200, 201), r.text
+    script = (
+        'slow() { sleep "$1"; s="$SLOW_SECRET"; '
+        'for ((i=0; i<${#s}; i++)); do printf %s "${s:i:1}"; sleep 0.15; done; }; '
+        "echo start; slow 0; echo; slow 0.3; echo; echo done"
+    )
+    async with a2a_client(stack.url, stack.key, "JSONRPC", streaming=False) as (client, _):
+        task = await _send(client, script, return_immediately=True)
+        done = await _until(client, task.id, "TASK_STATE_COMPLETED", seconds=60)
+    text = artifact_text(done)
+    assert state_name(done) == "TASK_STATE_COMPLETED"
+    mask = "*" * len(secret)
+    assert text.replace("\r\n", "\n") == f"start\n{mask}\n{mask}\ndone\n"
+    data = stack.server.data_dir
+    assert not [f for f in data.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 async def test_stream_events_arrive_while_the_command_runs(stack: Stack, binding: str) -> None:
     async with a2a_client(stack.url, stack.key, binding) as (client, _):
@@ -363,6 +390,7 @@ async def test_dead_push_receiver_is_recorded_after_retries(stack: Stack) -> Non
         await asyncio.sleep(0.1)
     assert items, "no task.push_failed event"
     assert items[0]["data"]["attempts"] == 3 and items[0]["data"]["url"] == dead
+    assert items[0]["data"]["error"] == "delivery failed (no HTTP answer)"
 
 
 # ---- the deprecated v1 API on the same store ------------------------------------------------

@@ -82,6 +82,8 @@ def settings_for(tmp_path: Path, **over: Any) -> Settings:
         "task_recovery_grace_seconds": 1.0,
         "push_backoff_initial_seconds": 0.01,
         "push_backoff_max_seconds": 0.05,
+        # the tests' webhook receivers listen on loopback, which is refused unless allowed
+        "push_allow_networks": ["127.0.0.1/32"],
     }
     values.update(over)
     return Settings(**values)
