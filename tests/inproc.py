@@ -66,6 +66,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "grpc_listen": f"127.0.0.1:{free_port()}",
         "grpc_enroll_listen": f"127.0.0.1:{free_port()}",
         "metrics_listen": f"127.0.0.1:{free_port()}",
+        "guest_link_listen": f"127.0.0.1:{free_port()}",
         "libvirt_uri": "",
         "log_format": "json",
         "max_body_bytes": 64 * 1024,

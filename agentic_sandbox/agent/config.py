@@ -1,7 +1,9 @@
 """agent-client configuration: a TOML file (`--config`) and command-line flags (flags win).
 
-server = "10.0.2.2:8120"            # the mutual-TLS agent link (Connect, Renew)
-enroll_server = "10.0.2.2:8121"     # server-auth TLS listener for Enroll (default: port 8121)
+server = "127.0.0.1:8120"           # the mutual-TLS agent link (Connect, Renew), host agents
+enroll_server = "127.0.0.1:8121"    # server-auth TLS listener for Enroll (default: port 8121)
+gateway = "10.0.2.2:8124"           # in guests: the guest link gateway through the forward
+                                    # (then server and enroll_server are not used)
 server_name = "agentic-sandbox-server"
 instance_id = "web-1"
 ca_cert = "/etc/agentic-sandbox/ca.crt"
@@ -40,6 +42,7 @@ class AgentConfig:
     instance_id: str = ""
     server: str = DEFAULT_SERVER
     enroll_server: str = ""
+    gateway: str = ""  # HOST:PORT of the guest link gateway (guests); "" dials server directly
     server_name: str = DEFAULT_SERVER_NAME
     ca_cert: Path | None = None
     enrollment_token: str = field(default="", repr=False)
@@ -60,8 +63,10 @@ class AgentConfig:
     def validate(self) -> AgentConfig:
         if not INSTANCE_RE.match(self.instance_id):
             raise ConfigError("instance_id: required, [a-z0-9][a-z0-9-]{0,62}")
-        for key in ("server", "enroll_server"):
+        for key in ("server", "enroll_server", "gateway"):
             value = getattr(self, key)
+            if key == "gateway" and not value:
+                continue
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
@@ -153,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", help="this instance's id")
     p.add_argument("--server", help=f"agent link HOST:PORT (default {DEFAULT_SERVER})")
     p.add_argument("--enroll-server", help="enrollment HOST:PORT (default: server host, 8121)")
+    p.add_argument(
+        "--gateway", help="HOST:PORT of the guest link gateway (in guests, through the forward)"
+    )
     p.add_argument("--server-name", help=f"TLS name to verify (default {DEFAULT_SERVER_NAME})")
     p.add_argument("--ca-cert", help="CA certificate (PEM) that signed the server")
     p.add_argument("--enrollment-token", help="one-time enrollment token (prefer the file)")

@@ -40,6 +40,7 @@ class SeedIdentity:
     server: str
     enroll_server: str
     server_name: str
+    gateway: str
     ca_pem: str
     enrollment_token: str
     issued_at: float
@@ -51,6 +52,7 @@ class SeedIdentity:
             hostname=str(data.get("hostname") or data["instance_id"]),
             server=str(data.get("server", "")),
             enroll_server=str(data.get("enroll_server", "")),
+            gateway=str(data.get("gateway", "")),
             server_name=str(data.get("server_name", "")),
             ca_pem=str(data.get("ca_pem", "")),
             enrollment_token=str(data.get("enrollment_token", "")),

@@ -8,6 +8,10 @@ PTY only as fast as the link drains and never loses a byte the server has not ac
 
 Exit: a pidfd says when the process ended; the session finishes once its output is drained
 (EOF on the PTY, or a short grace time when a leftover background process holds the PTY).
+
+Sending: the session owns its flow state — what was sent on the current link (`sent`), what
+the server holds (`acked`) — and says what goes next (`next_message`): a small read (an echo) at
+once, a flood in messages of up to 64 KiB, waiting at most 2 ms to fill one.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from dataclasses import dataclass
 from ptyprocess import PtyProcess
 
 from agentic_sandbox.agent.ring import Ring
+from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+BATCH_BYTES = 64 * 1024  # at most this much output per message
+BATCH_WAIT = 0.002  # a flooding session waits at most this long to fill a message
 READ_BYTES = 64 * 1024  # one read; a burst reads up to BURST_BYTES per loop callback
 BURST_BYTES = 256 * 1024
 SEND_WINDOW = 256 * 1024  # unsent bytes before the PTY is no longer read
@@ -192,6 +199,82 @@ class PtySession:
     @property
     def pending(self) -> int:
         return self.ring.end - self.sent
+
+    def next_message(self, now: float) -> tuple[pb.AgentMessage | None, float | None]:
+        """The next message of this session for the link (output, then its exit once all
+        output is sent), or (None, seconds to wait for a batch to fill), or (None, None)."""
+        pending = self.pending
+        if pending > 0:
+            if (
+                pending < BATCH_BYTES
+                and self.flooding
+                and not self.finished
+                and self.first_pending is not None
+            ):
+                left = self.first_pending + BATCH_WAIT - now
+                if left > 0:
+                    return None, left
+            data = self.ring.read(self.sent, BATCH_BYTES)
+            msg = pb.AgentMessage(
+                output=pb.SessionOutput(session_id=self.id, offset=self.sent, data=data)
+            )
+            self.sent += len(data)
+            self.first_pending = now if self.pending else None
+            self.update_flow()
+            return msg, None
+        if self.finished and not self.exit_sent and self.exit is not None:
+            self.exit_sent = True
+            return pb.AgentMessage(
+                exit=pb.SessionExit(
+                    session_id=self.id, end_offset=self.ring.end, exit=self.exit_info()
+                )
+            ), None
+        return None, None
+
+    def ack(self, offset: int) -> None:
+        """The server holds everything below `offset`."""
+        if offset > self.acked:
+            self.acked = min(offset, self.ring.end)
+            self.update_flow()
+
+    def resume_from(self, offset: int) -> int:
+        """A new link: send again from `offset` (what the server asked for, within what the
+        ring still holds); returns where sending resumes."""
+        frm = max(self.ring.start, min(offset, self.ring.end))
+        self.sent = frm
+        self.acked = max(self.acked, frm)
+        self.exit_sent = False
+        self.first_pending = None
+        self.update_flow()
+        return frm
+
+    def resend_all(self) -> None:
+        """A new link that did not mention this session: send everything still held."""
+        self.sent = self.ring.start
+        self.exit_sent = False
+
+    def exit_info(self) -> pb.ExitInfo | None:
+        if self.exit is None:
+            return None
+        return pb.ExitInfo(
+            has_code=self.exit.code is not None,
+            code=self.exit.code or 0,
+            signal=self.exit.signal,
+            error=self.exit.error,
+        )
+
+    def inventory(self) -> pb.SessionInventory:
+        return pb.SessionInventory(
+            session_id=self.id,
+            state=pb.SESSION_STATE_EXITED if self.finished else pb.SESSION_STATE_RUNNING,
+            ring_start=self.ring.start,
+            end_offset=self.ring.end,
+            exit=self.exit_info() if self.finished else None,
+            cols=self.cols,
+            rows=self.rows,
+            pid=self.pid,
+            task_id=self.task_id,
+        )
 
     def unacked_room(self) -> int:
         """How much more may be read: unacknowledged output stays within half the ring, so the

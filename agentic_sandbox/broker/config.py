@@ -127,6 +127,12 @@ class Settings(BaseSettings):
         description="server-auth TLS listener for Enroll (agents have no certificate yet); "
         "Connect and Renew use grpc_listen with mutual TLS",
     )
+    guest_link_listen: str = Field(
+        default="127.0.0.1:8124",
+        description="where guests' agents come in: the host side of every guest's forward "
+        "(agentic_sandbox.broker.agentlink.gateway); it passes each guest connection on to "
+        "grpc_listen or grpc_enroll_listen",
+    )
     grpc_tls_names: list[str] = Field(
         default_factory=list,
         description="extra DNS names / IPs in the gRPC server certificate (agents verify the "
@@ -202,7 +208,9 @@ class Settings(BaseSettings):
         default=dt.date(2027, 6, 30), description="Sunset date announced by the v1 task API"
     )
 
-    @field_validator("http_listen", "grpc_listen", "metrics_listen", "grpc_enroll_listen")
+    @field_validator(
+        "http_listen", "grpc_listen", "metrics_listen", "grpc_enroll_listen", "guest_link_listen"
+    )
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
@@ -263,6 +271,10 @@ class Settings(BaseSettings):
     @property
     def grpc_enroll_address(self) -> tuple[str, int]:
         return parse_listen(self.grpc_enroll_listen)
+
+    @property
+    def guest_link_address(self) -> tuple[str, int]:
+        return parse_listen(self.guest_link_listen)
 
     @property
     def metrics_address(self) -> tuple[str, int]:

@@ -132,7 +132,7 @@ class CloneOps(FleetBase):
                         e.record.egress,
                         e.record.agent_port,
                         e.record.ssh_port,
-                        self.config.extra_agent_ports,
+                        self.config.control_address,
                     ),
                     record=record,
                 )
@@ -268,7 +268,7 @@ class CloneOps(FleetBase):
                     serial_log=record.serial_log,
                     seed=record.seed,
                     net=NetConfig(
-                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.control_address
                     ),
                     record=record,
                 )
@@ -388,7 +388,7 @@ class CloneOps(FleetBase):
                     serial_log=record.serial_log,
                     seed=record.seed,
                     net=NetConfig(
-                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.control_address
                     ),
                     record=record,
                 )

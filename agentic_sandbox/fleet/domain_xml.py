@@ -30,7 +30,7 @@ METADATA_NS = "urn:agentic-sandbox:fleet:1"
 METADATA_PREFIX = "sbx"
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 NETDEV_ID = "sbxnet0"
-# In `isolated` mode the user-net host alias moves off 10.0.2.2 (to an address the restricted
+# The user-net host alias moves off 10.0.2.2 (in `isolated` mode to an address the restricted
 # guest cannot reach anyway) so 10.0.2.2 is free for the one explicit forward: the agent link.
 ISOLATED_HOST_ALIAS = "10.0.2.254"
 DISK_TARGET = "vda"
@@ -49,9 +49,9 @@ class KernelPaths:
 @dataclass(frozen=True)
 class NetConfig:
     egress: EgressPolicy
-    agent_port: int
+    agent_port: int  # the guest link gateway's port (guest side 10.0.2.2:<it>, host side too)
     ssh_port: int | None
-    extra_ports: tuple[int, ...] = ()  # more host ports the guest may reach on the alias
+    control_host: str = "127.0.0.1"  # where the gateway listens, as this host reaches it
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,24 @@ def _qemu_opt(value: str) -> str:
 
 
 def netdev_value(net: NetConfig) -> str:
-    """The ``-netdev user,...`` value for an instance's NIC."""
+    """The ``-netdev user,...`` value for an instance's NIC.
+
+    Every guest reaches the control plane the same way: one forward, 10.0.2.2:<agent port>,
+    whose host side is a chardev connection to the guest link gateway (which tells the guest's
+    connections apart within it; see the server's `agentlink/gateway.py`). The user-net host
+    alias moves off 10.0.2.2 (to 10.0.2.254) so that address holds the forward only."""
     parts = ["user", f"id={NETDEV_ID}"]
     if net.egress is EgressPolicy.ISOLATED:
         # restrict=on: QEMU routes nothing from the guest to the host or beyond, except the
         # explicit forwards below. The guest cannot lift this: it is QEMU's own user-net stack.
-        parts += ["restrict=on", "ipv6=off", f"host={ISOLATED_HOST_ALIAS}"]
+        parts += ["restrict=on", "ipv6=off"]
+    parts.append(f"host={ISOLATED_HOST_ALIAS}")
     if net.ssh_port is not None:
         parts.append(f"hostfwd=tcp:127.0.0.1:{int(net.ssh_port)}-:22")
-    if net.egress is EgressPolicy.ISOLATED:
-        for port in dict.fromkeys((int(net.agent_port), *(int(p) for p in net.extra_ports))):
-            target = _qemu_opt(f"tcp:127.0.0.1:{port},reconnect=1")
-            parts.append(f"guestfwd=tcp:{AGENT_LINK_ADDRESS}:{port}-{target}")
+    port = int(net.agent_port)
+    host = net.control_host
+    target = _qemu_opt(f"tcp:{'[' + host + ']' if ':' in host else host}:{port},reconnect=1")
+    parts.append(f"guestfwd=tcp:{AGENT_LINK_ADDRESS}:{port}-{target}")
     return ",".join(parts)
 
 
@@ -438,7 +444,7 @@ def preview_domain_xml(
             seed=record.seed,
             record=record,
             boot=boot,
-            net=NetConfig(spec.egress, spec.agent_port, ssh_port, config.extra_agent_ports),
+            net=NetConfig(spec.egress, spec.agent_port, ssh_port, config.control_address),
             machine=config.machine,
             nic_pci_slot=config.nic_pci_slot,
             cpu_shares=res.cpu_shares,

@@ -267,7 +267,7 @@ class LifecycleOps(FleetBase):
                     record=record,
                     boot=boot,
                     net=NetConfig(
-                        spec.egress, spec.agent_port, record.ssh_port, self.config.extra_agent_ports
+                        spec.egress, spec.agent_port, record.ssh_port, self.config.control_address
                     ),
                     machine=self.config.machine,
                     nic_pci_slot=self.config.nic_pci_slot,

@@ -261,11 +261,12 @@ class FleetConfig(_Input):
         description="the group QEMU runs with: the fleet's folders are root:<it> 0710 (when "
         "the server runs as root), so no other local user reaches seeds, disks or states",
     )
-    extra_agent_ports: tuple[Port, ...] = Field(
-        default=(),
-        max_length=4,
-        description="host ports besides each instance's agent port that `isolated` guests may "
-        "reach on the host alias (the server's enrollment listener)",
+    control_address: str = Field(
+        default="127.0.0.1",
+        max_length=253,
+        pattern=r"^[A-Za-z0-9.:_-]+$",
+        description="where guests' forwards lead on the control host: the guest link gateway "
+        "(agent link and enrollment) listens there, at each instance's agent port",
     )
 
 

@@ -15,6 +15,7 @@ enrollment timeout.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -67,7 +68,11 @@ def _bundle_files() -> list[tuple[str, Path]]:
 def build_bundle() -> bytes:
     """A reproducible tar.gz of the agent's sources (same files → same bytes)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+    # gzip's header carries a time: 0, or the same files would make another bundle each second
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         for name, path in _bundle_files():
             data = path.read_bytes()
             info = tarfile.TarInfo(name)

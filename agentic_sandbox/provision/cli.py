@@ -322,7 +322,6 @@ def direct(args: argparse.Namespace) -> dict[str, Any]:
     config = FleetConfig(
         data_dir=str(args.data_dir / "fleet"),
         default_uri=args.libvirt_uri,
-        extra_agent_ports=(8121,),
     )
     if args.dry_run:
         return dry_run(args, req, config)

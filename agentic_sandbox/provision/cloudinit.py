@@ -49,8 +49,7 @@ class AgentBootstrap:
     """What the guest needs to run and enroll its agent."""
 
     instance_id: str
-    server_address: str  # as the guest sees it, e.g. 10.0.2.2:8120
-    enroll_address: str  # the enrollment listener as the guest sees it, e.g. 10.0.2.2:8121
+    gateway_address: str  # the guest link gateway as the guest sees it, e.g. 10.0.2.2:8124
     server_name: str  # the TLS name the agent verifies
     enrollment_token: str
     ca_pem: str
@@ -61,8 +60,7 @@ class AgentBootstrap:
     def config(self) -> dict[str, Any]:
         return {
             "instance_id": self.instance_id,
-            "server": self.server_address,
-            "enroll_server": self.enroll_address,
+            "gateway": self.gateway_address,
             "server_name": self.server_name,
             "ca_cert": f"{AGENT_ETC}/ca.pem",
             "enrollment_token_file": f"{AGENT_ETC}/enrollment-token",

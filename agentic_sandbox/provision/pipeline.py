@@ -74,10 +74,9 @@ class ProvisionError(Exception):
 class EnrollmentGrant:
     token: str
     ca_pem: str
-    server_address: str  # as the guest sees it, e.g. 10.0.2.2:8120
+    gateway_address: str  # the guest link gateway as the guest sees it, e.g. 10.0.2.2:8124
     server_name: str  # the TLS name the agent verifies
     agent_port: int  # the host port the guest's agent-link forward targets
-    enroll_address: str = ""  # the enrollment listener as the guest sees it
 
 
 class Enroller(Protocol):
@@ -242,12 +241,9 @@ class Provisioner:
         import json
 
         hostname = req.instance_id
-        server = grant.server_address if grant else f"10.0.2.2:{self.agent_port}"
         bootstrap = AgentBootstrap(
             instance_id=req.instance_id,
-            server_address=server,
-            enroll_address=(grant.enroll_address if grant else "")
-            or f"10.0.2.2:{int(server.rpartition(':')[2]) + 1}",
+            gateway_address=grant.gateway_address if grant else f"10.0.2.2:{self.agent_port}",
             server_name=grant.server_name if grant else "agentic-sandbox-server",
             enrollment_token=grant.token if grant else "",
             ca_pem=grant.ca_pem if grant else "",

@@ -1,8 +1,8 @@
 """A tiny bootable test guest: Debian's cloud kernel + a busybox initramfs.
 
 The guest's ``/init`` prints ``SBX-BOOT-MARKER`` on the serial console, optionally probes TCP
-ports on the host alias (``sbx.probe=PORT[,PORT...]`` on the kernel command line, results printed
-as ``SBX-PROBE <port> ok|fail``), then prints ``SBX-TICK <n>`` ten times a second forever. The
+ports (``sbx.probe=[HOST:]PORT[,...]`` on the kernel command line, HOST defaulting to
+10.0.2.2, the guest forward's address; results printed as ``SBX-PROBE <port> ok|fail``), then prints ``SBX-TICK <n>`` ten times a second forever. The
 counter lives in guest memory, so a memory snapshot/restore is visible as the counter resuming
 from the saved value.
 
@@ -59,7 +59,8 @@ for w in $(cat /proc/cmdline); do
 done
 sleep 1
 for p in $(echo "$probe" | tr ',' ' '); do
-  out=$(echo "hello-from-guest" | timeout 3 nc 10.0.2.2 "$p" 2>/dev/null)
+  case "$p" in *:*) h="${p%:*}"; p="${p##*:}" ;; *) h=10.0.2.2 ;; esac
+  out=$(echo "hello-from-guest" | timeout 3 nc "$h" "$p" 2>/dev/null)
   if [ -n "$out" ]; then
     echo "SBX-PROBE $p ok"
   else

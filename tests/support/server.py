@@ -40,6 +40,7 @@ class ServerProcess:
         self.grpc_port = free_port()
         self.enroll_port = free_port()
         self.metrics_port = free_port()
+        self.guest_port = free_port()
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.admin_token = ""
@@ -64,6 +65,10 @@ class ServerProcess:
         return f"127.0.0.1:{self.enroll_port}"
 
     @property
+    def guest_link_target(self) -> str:
+        return f"127.0.0.1:{self.guest_port}"
+
+    @property
     def ca_path(self) -> Path:
         return self.data_dir / "agent-ca" / "ca.crt"
 
@@ -81,6 +86,7 @@ class ServerProcess:
                 "SANDBOX_GRPC_LISTEN": f"127.0.0.1:{self.grpc_port}",
                 "SANDBOX_GRPC_ENROLL_LISTEN": f"127.0.0.1:{self.enroll_port}",
                 "SANDBOX_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}",
+                "SANDBOX_GUEST_LINK_LISTEN": f"127.0.0.1:{self.guest_port}",
                 "SANDBOX_LIBVIRT_URI": "",
                 "SANDBOX_LOG_FORMAT": "json",
                 "SANDBOX_SHUTDOWN_GRACE_SECONDS": "2",

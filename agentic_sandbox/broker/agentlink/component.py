@@ -1,7 +1,8 @@
 """The agent-link component: the CA, enrollment, the registry and the `grpc.aio` server.
 
 The gRPC server runs on the server's event loop (no threads for request handling) with two
-ports sharing one service:
+ports sharing one service (guests reach both through the guest link gateway, `gateway.py`, on
+`guest_link_listen`; host agents dial them directly):
 - `grpc_listen` (default 127.0.0.1:8120): mutual TLS, client certificates issued by the CA are
   required — `Connect` and `Renew`;
 - `grpc_enroll_listen` (default 127.0.0.1:8121): server-auth TLS only — `Enroll` (an agent has
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from agentic_sandbox.broker.agentlink.ca import CertificateAuthority
 from agentic_sandbox.broker.agentlink.enrollment import Enrollment
+from agentic_sandbox.broker.agentlink.gateway import LinkGateway, Upstreams
 from agentic_sandbox.broker.agentlink.link import LinkHandler
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.service import AgentLinkService
@@ -43,8 +45,9 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-class AgentLinkError(Exception):
-    pass
+def _reachable(host: str) -> str:
+    """An address this process can connect to for a listener bound to `host`."""
+    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
 
 
 class AgentLinkComponent:
@@ -79,6 +82,7 @@ class AgentLinkComponent:
             outbox_limit=s.agent_outbox_messages,
         )
         self._server: grpc.aio.Server | None = None
+        self.gateway: LinkGateway | None = None
         self.ports: dict[str, int] = {}
         svc.incarnations.on_end("agent-link", self._end_incarnation)
 
@@ -142,6 +146,19 @@ class AgentLinkComponent:
             self.ports[label] = bound
         await server.start()
         self._server = server
+        self.gateway = LinkGateway(
+            Upstreams(
+                link=(_reachable(s.grpc_address[0]), self.ports["link"]),
+                enroll=(_reachable(s.grpc_enroll_address[0]), self.ports["enroll"]),
+            )
+        )
+        gw_host, gw_port = s.guest_link_address
+        try:
+            self.ports["guest"] = await self.gateway.start(gw_host, gw_port)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {s.guest_link_listen} (guest link): {exc}"
+            ) from exc
 
         async def ready() -> tuple[bool, str]:
             return True, f"{len(self.registry)} agents connected"
@@ -153,6 +170,8 @@ class AgentLinkComponent:
         )
 
     async def stop(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
         await self.registry.stop()
         if self._server is not None:
             await self._server.stop(grace=1.0)

@@ -71,7 +71,6 @@ class FleetComponent:
                 data_dir=str(s.data_dir / "fleet"),
                 qemu_group=s.qemu_group or None,
                 default_uri=s.libvirt_uri or "test:///default",
-                extra_agent_ports=(s.grpc_enroll_address[1],),
                 pool_refill_delay_s=s.pool_refill_delay_seconds,
             ),
             on_event=self._on_event,
@@ -82,7 +81,7 @@ class FleetComponent:
         self.provisioner = Provisioner(
             self.fleet,
             s.data_dir / "provision",
-            agent_port=s.grpc_address[1],
+            agent_port=s.guest_link_address[1],
             diagnose=self._diagnose,
         )
         self.opened = False

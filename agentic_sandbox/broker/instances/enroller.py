@@ -28,11 +28,8 @@ class LinkEnroller:
 
     @property
     def agent_port(self) -> int:
-        return self._settings.grpc_address[1]
-
-    @property
-    def enroll_port(self) -> int:
-        return self._settings.grpc_enroll_address[1]
+        """The guest link gateway's port: every guest forward targets it."""
+        return self._link.ports.get("guest") or self._settings.guest_link_address[1]
 
     def _on_agent(self, conn: AgentConnection, state: str) -> None:
         if state != "connected":
@@ -47,10 +44,9 @@ class LinkEnroller:
         return EnrollmentGrant(
             token=issued.token,
             ca_pem=self._link.ca.certificate_pem.decode(),
-            server_address=f"{AGENT_LINK_ADDRESS}:{self.agent_port}",
+            gateway_address=f"{AGENT_LINK_ADDRESS}:{self.agent_port}",
             server_name=DEFAULT_SERVER_NAME,
             agent_port=self.agent_port,
-            enroll_address=f"{AGENT_LINK_ADDRESS}:{self.enroll_port}",
         )
 
     async def wait_ready(self, instance_id: str, incarnation: str) -> None:

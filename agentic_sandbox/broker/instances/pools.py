@@ -58,7 +58,7 @@ async def restore_pools(comp: FleetComponent) -> None:
                 pool["state_id"],
                 int(pool["size"]),
                 egress=EgressPolicy(pool["network"]),
-                agent_port=comp.svc.settings.grpc_address[1],
+                agent_port=comp.svc.settings.guest_link_address[1],
             )
         except FleetError as exc:
             log.error("warm pool %s: %s", pool["key"], exc)
@@ -107,7 +107,7 @@ async def prepare(
                 log.exception("deleting golden %s failed", golden)
     progress.stage("filling")
     await comp.fleet.configure_pool(
-        key, state_id, size, egress=network, agent_port=settings.grpc_address[1]
+        key, state_id, size, egress=network, agent_port=settings.guest_link_address[1]
     )
     record = {
         "key": key,

@@ -75,7 +75,7 @@ async def test_isolated_reaches_only_the_agent_link_nat_reaches_host(real: RealE
                     "net-iso",
                     egress=EgressPolicy.ISOLATED,
                     agent_port=agent.port,
-                    cmdline=f"sbx.probe={agent.port},{other_iso.port}",
+                    cmdline=f"sbx.probe={agent.port},10.0.2.254:{other_iso.port}",
                 )
             ),
             f.create(
@@ -83,17 +83,19 @@ async def test_isolated_reaches_only_the_agent_link_nat_reaches_host(real: RealE
                     "net-nat",
                     egress=EgressPolicy.NAT,
                     agent_port=agent.port,
-                    cmdline=f"sbx.probe={agent.port},{other_nat.port}",
+                    cmdline=f"sbx.probe={agent.port},10.0.2.254:{other_nat.port}",
                 )
             ),
         )
         _, iso = await wait_log(f, "net-iso", rb"SBX-TICK 0\b", timeout=60)
         _, nat = await wait_log(f, "net-nat", rb"SBX-TICK 0\b", timeout=60)
-        # isolated: the agent link (10.0.2.2:<agent port>) works, nothing else on the host does
+        # isolated: the agent's forward (10.0.2.2:<agent port>) works, the host alias
+        # (10.0.2.254 in both policies) does not
         assert f"SBX-PROBE {agent.port} ok".encode() in iso, iso
         assert f"SBX-PROBE {other_iso.port} fail".encode() in iso, iso
         assert other_iso.received == []
-        # nat: ordinary user-mode NAT reaches host loopback services
+        # nat: the same forward, and ordinary user-mode NAT reaches host loopback services
+        # through the alias
         assert f"SBX-PROBE {agent.port} ok".encode() in nat, nat
         assert f"SBX-PROBE {other_nat.port} ok".encode() in nat, nat
         assert any(b"hello-from-guest" in r for r in other_nat.received)

@@ -9,6 +9,7 @@ One server for the module; tests run in order and share the instances they make.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import re
 import shutil
@@ -263,17 +264,35 @@ def test_killed_agent_is_restarted_by_systemd_and_comes_back(server: ServerProce
 
 
 def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess) -> None:
+    """From an unprivileged shell (user `agent`, no sudo): nothing but the agent's own forward
+    is there, and that one refuses every user but root — so no guest process can open it,
+    displace the agent's connection or talk over it, however often it tries."""
     http_port = server.http_port
+    fwd = server.guest_port
     script = (
         'probe(){ timeout 3 bash -c "</dev/tcp/$1/$2" 2>/dev/null && echo "OPEN $1:$2" '
         '|| echo "SHUT $1:$2"; }; '
         f"probe 10.0.2.2 {http_port}; probe 10.0.2.254 {http_port}; probe 10.0.2.3 53; "
-        f"probe 10.0.2.2 {server.grpc_port}; probe 1.1.1.1 80"
+        f"probe 10.0.2.2 {server.grpc_port}; probe 1.1.1.1 80; "
+        f"for i in 1 2 3 4 5; do probe 10.0.2.2 {fwd}; done; id -un"
     )
+    before = time.time()
     out = asyncio.run(run_in_session(server, COLD, script, "NET", timeout=90))
     assert f"SHUT 10.0.2.2:{http_port}" in out, out
     assert f"SHUT 10.0.2.254:{http_port}" in out, out
     assert "SHUT 10.0.2.3:53" in out and "SHUT 1.1.1.1:80" in out, out
+    lines = out.splitlines()
+    assert sum(ln.strip() == f"SHUT 10.0.2.2:{fwd}" for ln in lines) == 5, out
+    assert not [ln for ln in lines if ln.startswith("OPEN ")], out
+    assert "agent" in out.split()  # the probes ran as the unprivileged user
+    drops = [
+        e
+        for e in server.ok(
+            "GET", f"/api/v1/events?type=agent.disconnected&instance_id={COLD}&limit=200"
+        )["items"]
+        if dt.datetime.fromisoformat(e["time"]).timestamp() >= before
+    ]
+    assert drops == [], "a guest process displaced the agent's link"
 
 
 def test_agent_that_never_enrolls_fails_at_enrolling_and_leaves_nothing(

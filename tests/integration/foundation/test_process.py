@@ -39,6 +39,7 @@ def start(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
         "SANDBOX_GRPC_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBOX_GRPC_ENROLL_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBOX_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
+        "SANDBOX_GUEST_LINK_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBOX_LIBVIRT_URI": "",
         **env,
     }

@@ -45,6 +45,8 @@ async def test_session_service_contract(tmp_path: Path) -> None:
         http_listen=f"127.0.0.1:{free_port()}",
         grpc_listen=f"127.0.0.1:{free_port()}",
         grpc_enroll_listen=f"127.0.0.1:{free_port()}",
+        guest_link_listen=f"127.0.0.1:{free_port()}",
+        metrics_listen=f"127.0.0.1:{free_port()}",
         libvirt_uri="",
         agent_heartbeat_seconds=0.5,
         session_hitl_quiet_ms=150,

@@ -181,6 +181,7 @@ async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
         grpc_listen=f"127.0.0.1:{free_port()}",
         grpc_enroll_listen=f"127.0.0.1:{free_port()}",
         metrics_listen=f"127.0.0.1:{free_port()}",
+        guest_link_listen=f"127.0.0.1:{free_port()}",
         log_format="text",
         **over,
     )

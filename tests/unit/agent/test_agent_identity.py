@@ -40,6 +40,7 @@ def seed(instance_id: str) -> identity.SeedIdentity:
         server="10.0.2.2:9120",
         enroll_server="10.0.2.2:9121",
         server_name="agentic-sandbox-server",
+        gateway="10.0.2.2:9124",
         ca_pem="new-ca",
         enrollment_token="sbe_new",
         issued_at=0.0,
@@ -69,7 +70,7 @@ async def test_a_new_seed_replaces_the_identity(
     await asyncio.gather(*rt._background)
     assert refreshed == ["web-7", "ssh"]
     assert rt.cfg.instance_id == "web-7" and rt.cfg.server == "10.0.2.2:9120"
-    assert rt.cfg.enroll_server == "10.0.2.2:9121"
+    assert rt.cfg.enroll_server == "10.0.2.2:9121" and rt.cfg.gateway == "10.0.2.2:9124"
     assert (tmp_path / "token").read_text() == "sbe_new"
     assert (tmp_path / "ca.pem").read_text() == "new-ca"
     assert not rt.cfg.cert_path.exists() and not rt.cfg.key_path.exists()  # old instance's cert
@@ -107,8 +108,9 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The watcher notices the new seed and the identity switch uses what it read: inside an
-    emulated guest every extra mount costs a hand-off time."""
-    from agentic_sandbox.agent import runtime as runtime_mod
+    emulated guest every extra mount costs a hand-off time. An unchanged seed is never mounted
+    again (the agent checks it before every reconnect)."""
+    from agentic_sandbox.agent import seedwatch
 
     rt = runtime(tmp_path)
     reads: list[str] = []
@@ -118,20 +120,24 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
         reads.append("read")
         return seed("golden-1" if fingerprint[0] == b"old" else "web-9")
 
-    monkeypatch.setattr(runtime_mod, "SEED_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(seedwatch, "SEED_POLL_SECONDS", 0.01)
     monkeypatch.setattr(identity, "read_seed", read)
     monkeypatch.setattr(identity, "seed_fingerprint", lambda: fingerprint[0])
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
     monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
-    rt._seed_changed = asyncio.Event()
     assert await rt.adopt_seed_identity() is False  # our own seed
-    watcher = asyncio.create_task(rt._watch_seed())
+    assert await rt.adopt_seed_identity() is False  # unchanged: fingerprint only
+    notified = asyncio.Event()
+    watcher = asyncio.create_task(
+        rt.seeds.watch(lambda s: s.instance_id == rt.cfg.instance_id, notified.set)
+    )
     try:
-        await asyncio.sleep(0.05)
-        assert reads == ["read"] and not rt.identity_changed  # unchanged: fingerprint only
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+        assert reads == ["read"] and not rt.seeds.changed.is_set()
         fingerprint[0] = b"new"
-        await asyncio.wait_for(rt._seed_changed.wait(), 5)
-        assert rt.identity_changed
+        await asyncio.wait_for(notified.wait(), 5)
+        assert rt.seeds.changed.is_set()
         assert await rt.adopt_seed_identity() is True
         assert rt.cfg.instance_id == "web-9"
         assert reads == ["read", "read"]  # the switch did not mount the seed again

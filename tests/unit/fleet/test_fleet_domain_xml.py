@@ -146,8 +146,11 @@ def test_isolated_network() -> None:
 
 def test_nat_network_and_every_forward_on_loopback() -> None:
     netdev = netdev_value(NetConfig(EgressPolicy.NAT, 9000, 42001))
-    assert "restrict" not in netdev and "guestfwd" not in netdev
-    assert netdev == "user,id=sbxnet0,hostfwd=tcp:127.0.0.1:42001-:22"
+    assert "restrict" not in netdev
+    assert netdev == (
+        "user,id=sbxnet0,host=10.0.2.254,hostfwd=tcp:127.0.0.1:42001-:22,"
+        "guestfwd=tcp:10.0.2.2:9000-tcp:127.0.0.1:9000,,reconnect=1"
+    )
     for value in (netdev, netdev_value(NetConfig(EgressPolicy.ISOLATED, 1, 2))):
         for part in value.split(","):
             if part.startswith("hostfwd="):
@@ -209,7 +212,8 @@ def test_rewrite_for_clone_changes_identity_keeps_machine() -> None:
     f = domain_facts(out)
     assert f.overlay == "/d/instances/sbx-clone-1.qcow2" and f.seed is None
     assert f.serial_log == "/d/instances/c.log"
-    assert f.netdev == "user,id=sbxnet0,hostfwd=tcp:127.0.0.1:42300-:22"
+    assert f.netdev == netdev_value(NetConfig(EgressPolicy.NAT, 8120, 42300))
+    assert "hostfwd=tcp:127.0.0.1:42300-:22" in f.netdev
     assert parse_record(out) == new_rec
     # the machine itself is unchanged
     for path in ("memory", "vcpu", "os/kernel", "os/cmdline"):
@@ -225,12 +229,13 @@ def test_seed_drive_bus_follows_machine(machine: str, bus: str) -> None:
     assert root.find("devices/disk[@device='cdrom']/target").get("bus") == bus
 
 
-def test_isolated_guest_reaches_the_extra_agent_ports_only() -> None:
-    value = netdev_value(NetConfig(EgressPolicy.ISOLATED, 8120, 42001, (8121, 8120)))
+def test_every_guest_reaches_the_control_plane_through_one_forward_to_the_gateway() -> None:
+    value = netdev_value(NetConfig(EgressPolicy.ISOLATED, 8124, 42001))
     forwards = [p for p in value.split(",") if p.startswith("guestfwd=")]
-    assert forwards == [
-        "guestfwd=tcp:10.0.2.2:8120-tcp:127.0.0.1:8120",
-        "guestfwd=tcp:10.0.2.2:8121-tcp:127.0.0.1:8121",
-    ]
+    assert forwards == ["guestfwd=tcp:10.0.2.2:8124-tcp:127.0.0.1:8124"]
     assert ",,reconnect=1" in value  # QEMU option escaping of the chardev's own comma
-    assert "guestfwd" not in netdev_value(NetConfig(EgressPolicy.NAT, 8120, 42001, (8121,)))
+    assert "restrict=on" in value and "host=10.0.2.254" in value  # 10.0.2.2 is the forward's
+    remote = netdev_value(NetConfig(EgressPolicy.NAT, 8124, None, "192.0.2.10"))
+    assert "guestfwd=tcp:10.0.2.2:8124-tcp:192.0.2.10:8124" in remote
+    ipv6 = netdev_value(NetConfig(EgressPolicy.NAT, 8124, None, "fd00::1"))
+    assert "guestfwd=tcp:10.0.2.2:8124-tcp:[fd00::1]:8124" in ipv6

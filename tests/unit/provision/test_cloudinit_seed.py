@@ -31,8 +31,7 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHx0 op@example"
 def bootstrap() -> AgentBootstrap:
     return AgentBootstrap(
         instance_id="vm-1",
-        server_address="10.0.2.2:8120",
-        enroll_address="10.0.2.2:8121",
+        gateway_address="10.0.2.2:8124",
         server_name="agentic-sandbox-server",
         enrollment_token="sbe_secret",
         ca_pem="-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n",
@@ -49,7 +48,8 @@ def test_user_data_installs_and_configures_the_agent() -> None:
     doc = yaml.safe_load(text)
     files = {f["path"]: f for f in doc["write_files"]}
     cfg = tomllib.loads(files[AGENT_CONFIG]["content"])
-    assert cfg["instance_id"] == "vm-1" and cfg["enroll_server"] == "10.0.2.2:8121"
+    assert cfg["instance_id"] == "vm-1" and cfg["gateway"] == "10.0.2.2:8124"
+    assert "server" not in cfg and "enroll_server" not in cfg  # guests dial the gateway
     assert files["/etc/agentic-sandbox/enrollment-token"]["permissions"] == "0600"
     unit = files["/etc/systemd/system/agentic-sandbox-agent.service"]["content"]
     assert "Restart=on-failure" in unit and "StartLimitBurst=" in unit

@@ -1,0 +1,53 @@
+"""gRPC channels to the server: the link (mutual TLS) and enrollment (server TLS).
+
+A host agent dials the server's listeners directly (`server`, `enroll_server`). A guest's
+agent reaches the control plane through its guest forward, whose host side is the server's
+guest link gateway: it dials the names `link.agentic-sandbox.invalid` and
+`enroll.agentic-sandbox.invalid` with the gateway as its HTTP CONNECT proxy (gRPC's own proxy
+support), so every connection it makes starts with a request the gateway can tell apart from
+whatever was in the pipe before. Environment proxies (`http_proxy`, set in `allowlist` guests
+for tools) never apply to the link.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import grpc
+
+from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.credentials import Credentials
+
+Service = Literal["link", "enroll"]
+GATEWAY_NAMES: dict[Service, str] = {
+    "link": "link.agentic-sandbox.invalid:443",
+    "enroll": "enroll.agentic-sandbox.invalid:443",
+}
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+    # one connection attempt at a time, retried by the agent's own loop (not gRPC's backoff)
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def target_and_options(cfg: AgentConfig, service: Service) -> tuple[str, list[tuple[str, Any]]]:
+    options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", cfg.server_name)]
+    if cfg.gateway:
+        options.append(("grpc.http_proxy", f"http://{cfg.gateway}"))
+        return GATEWAY_NAMES[service], options
+    options.append(("grpc.enable_http_proxy", 0))
+    return (cfg.server if service == "link" else cfg.enroll_server), options
+
+
+def open_channel(cfg: AgentConfig, creds: Credentials, service: Service) -> grpc.aio.Channel:
+    target, options = target_and_options(cfg, service)
+    return grpc.aio.secure_channel(
+        target, creds.channel_credentials(client_cert=service == "link"), options=options
+    )

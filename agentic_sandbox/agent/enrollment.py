@@ -1,0 +1,93 @@
+"""Enrollment (a one-time token and a CSR for a certificate naming this instance) and renewal.
+
+Both make the agent's key and CSR with the `openssl` command (`pki`). Enrollment opens its own
+channel and closes it before the link is opened (a guest's forward carries one connection at a
+time); renewal travels on the live link's channel, or on a fresh one only while there is no
+link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from agentic_sandbox.agent import pki
+from agentic_sandbox.agent.channels import open_channel
+from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.credentials import Credentials, CredentialsMissing
+from agentic_sandbox.proto import agent_pb2 as pb
+from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("agent")
+
+RPC_TIMEOUT = 15.0
+
+
+class EnrollmentFailed(Exception):
+    """Enrollment did not work; `refused` when the server (or this machine's setup) said no,
+    as opposed to the server not being reachable."""
+
+    def __init__(self, message: str, *, refused: bool = True) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+REFUSED = (
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
+
+def _until(ts: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+async def enroll(cfg: AgentConfig, creds: Credentials) -> None:
+    token = cfg.token()
+    if not token:
+        raise EnrollmentFailed("not enrolled and no enrollment token (set enrollment_token_file)")
+    try:
+        key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
+        channel = open_channel(cfg, creds, "enroll")
+    except (pki.PkiError, CredentialsMissing) as exc:
+        raise EnrollmentFailed(str(exc)) from None
+    try:
+        resp = await pb_grpc.AgentLinkStub(channel).Enroll(
+            pb.EnrollRequest(instance_id=cfg.instance_id, token=token, csr_pem=csr),
+            timeout=RPC_TIMEOUT,
+        )
+    except grpc.aio.AioRpcError as exc:
+        refused = exc.code() in REFUSED
+        raise EnrollmentFailed(
+            f"enrollment {'refused' if refused else 'failed'} ({exc.code().name}): {exc.details()}",
+            refused=refused,
+        ) from None
+    finally:
+        await channel.close()
+    creds.store(key, resp.certificate_pem, resp.ca_pem, resp.not_after_unix)
+    log.info(
+        "enrolled as instance %s; certificate valid until %s",
+        cfg.instance_id,
+        _until(resp.not_after_unix),
+    )
+
+
+async def renew(cfg: AgentConfig, creds: Credentials, channel: grpc.aio.Channel | None) -> None:
+    """A new key and certificate, over `channel` (the live link's) or a channel of its own."""
+    key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
+    own = channel is None
+    use = open_channel(cfg, creds, "link") if channel is None else channel
+    try:
+        resp = await pb_grpc.AgentLinkStub(use).Renew(
+            pb.RenewRequest(csr_pem=csr), timeout=RPC_TIMEOUT
+        )
+    finally:
+        if own:
+            await use.close()
+    creds.store(key, resp.certificate_pem, resp.ca_pem, resp.not_after_unix)
+    log.info("certificate renewed; valid until %s", _until(resp.not_after_unix))

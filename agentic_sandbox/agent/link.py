@@ -1,0 +1,150 @@
+"""One connection of the agent link: register, then send and receive until it ends.
+
+The agent's first message is `register` with its session inventory; the server answers with
+where each session's output resumes and which sessions to end. Then three tasks share the
+connection: the sender (queued messages first, then session output as each session's flow
+allows), heartbeats (the server acknowledges each; a link silent for three intervals is dead —
+a restored clone notices at once that its old connection leads nowhere), and renewal of the
+certificate on this connection's channel. The reader dispatches what the server sends.
+
+`LinkOwner` is what the link needs of the agent (the runtime implements it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Protocol
+
+import grpc
+
+from agentic_sandbox.agent import enrollment
+from agentic_sandbox.agent.channels import open_channel
+from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.credentials import Credentials
+from agentic_sandbox.proto import agent_pb2 as pb
+from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("agent")
+
+CONNECT_TIMEOUT = 10.0  # to register and hear the server's answer
+DEFAULT_HEARTBEAT = 5.0
+
+
+class LinkOwner(Protocol):
+    heartbeat_interval: float
+    wake_event: asyncio.Event
+
+    def register_message(self) -> pb.Register: ...
+
+    def on_registered(self, ack: pb.RegisterAck) -> None: ...
+
+    def handle(self, msg: pb.ServerMessage) -> None: ...
+
+    def next_message(self, now: float) -> tuple[pb.AgentMessage | None, float | None]: ...
+
+    def queue_heartbeat(self) -> None: ...
+
+
+class Link:
+    def __init__(self, owner: LinkOwner, cfg: AgentConfig, creds: Credentials) -> None:
+        self.owner = owner
+        self.cfg = cfg
+        self.creds = creds
+        self.channel: grpc.aio.Channel | None = None
+        self.call: Any = None
+        self.up = False
+
+    def silence_limit(self) -> float:
+        """A link that says nothing for this long is dead (the server acks every heartbeat)."""
+        return max(3 * self.owner.heartbeat_interval, 5.0)
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+
+    async def run(self, on_up: Any = None) -> None:
+        """Connect, register, and serve the connection until it ends (returns on a clean end,
+        raises on a failure)."""
+        channel = self.channel = open_channel(self.cfg, self.creds, "link")
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            call = self.call = pb_grpc.AgentLinkStub(channel).Connect()
+            register = pb.AgentMessage(register=self.owner.register_message())
+            await asyncio.wait_for(call.write(register), CONNECT_TIMEOUT)
+            first = await asyncio.wait_for(call.read(), CONNECT_TIMEOUT)
+            if first is grpc.aio.EOF or first.WhichOneof("body") != "register_ack":
+                raise ConnectionError("the server did not acknowledge the registration")
+            self.owner.on_registered(first.register_ack)
+            self.up = True
+            if on_up is not None:
+                on_up(self)
+            tasks = [
+                asyncio.create_task(self._sender(call), name="agent-sender"),
+                asyncio.create_task(self._heartbeats(), name="agent-heartbeats"),
+                asyncio.create_task(self._renewals(), name="agent-renewal"),
+            ]
+            while True:
+                try:
+                    msg = await asyncio.wait_for(call.read(), self.silence_limit())
+                except TimeoutError:
+                    raise ConnectionError(
+                        f"the link was silent for {self.silence_limit():.0f}s"
+                    ) from None
+                if msg is grpc.aio.EOF:
+                    return
+                self.owner.handle(msg)
+                for t in tasks:
+                    if t.done() and not t.cancelled():
+                        t.result()  # surface a failed sender
+        finally:
+            self.up = False
+            self.call = None
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            self.channel = None
+            await channel.close()
+
+    async def _sender(self, call: Any) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self.owner.wake_event
+        while True:
+            wake.clear()
+            msg, wait = self.owner.next_message(loop.time())
+            if msg is not None:
+                await call.write(msg)
+                continue
+            if wait is not None:
+                timer = loop.call_later(wait, wake.set)
+                try:
+                    await wake.wait()
+                finally:
+                    timer.cancel()
+            else:
+                await wake.wait()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            self.owner.queue_heartbeat()
+            await asyncio.sleep(self.owner.heartbeat_interval)
+
+    async def _renewals(self) -> None:
+        """Renew on this connection's channel when a third of the certificate's life is left
+        (a guest's forward carries one connection: renewal never opens another)."""
+        while True:
+            now = time.time()
+            due = self.creds.renew_due()
+            if now >= due:
+                try:
+                    await enrollment.renew(self.cfg, self.creds, self.channel)
+                    continue
+                except Exception as exc:
+                    log.warning("certificate renewal failed: %s", exc)
+                    await asyncio.sleep(30.0)
+                    continue
+            await asyncio.sleep(min(60.0, max(0.5, due - now)))

@@ -1,0 +1,57 @@
+"""Agents that come in through a guest forward (one pipe for all their connections, as QEMU's
+`guestfwd` gives the host) enroll, connect, and come back at once after a server restart: the
+gateway ends the stale connection in the pipe instead of letting it time out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.integration.sessions.helpers import SHELL, create_session, events
+from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
+from tests.support.fixtures import ServerFactory
+from tests.support.guestfwd import GuestForward
+from tests.support.ptyclient import PtyClient
+
+
+async def test_an_agent_behind_a_guest_forward_enrolls_connects_and_survives_a_restart(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory()
+    fwd = GuestForward(server.guest_link_target).start()
+    iid = "through-fwd"
+    try:
+        register_host_instance(server, iid)
+        agent = AgentProcess(
+            server,
+            iid,
+            tmp_path / "agent",
+            enrollment_token=enrollment_token(server, iid),
+            extra_args=["--gateway", fwd.address],
+        ).start()
+        agent.wait_connected()  # enrollment and the link, one after the other, on one pipe
+        sid = create_session(server, iid, SHELL)
+        async with await PtyClient.connect(
+            server.ws_url, sid, server.admin_token, role="control"
+        ) as c:
+            await c.send_input(b"echo one-$((40+2))\r")
+            await c.wait_output(b"one-42")
+
+        server.kill9()
+        down_at = time.time()
+        server.start()
+        agent.wait_connected(since=down_at)  # back through the re-made pipe
+        log = agent.log_text()
+        # the stale connection was ended by the gateway, not by a silence timeout
+        assert "silent for" not in log, log[-3000:]
+        assert fwd.pipes_made >= 2
+        async with await PtyClient.connect(
+            server.ws_url, sid, server.admin_token, role="control", from_offset=0
+        ) as c:
+            await c.send_input(b"echo two-$((40+3))\r")
+            await c.wait_output(b"two-43")
+            assert b"one-42" in bytes(c.data)  # the session and its output survived
+        assert events(server, "agent.connected", instance_id=iid)
+        agent.stop()
+    finally:
+        fwd.stop()

@@ -1,0 +1,169 @@
+"""The guest link gateway tells guest connections apart inside one pipe (what a QEMU guest
+forward gives the host: one connection carrying every guest connection in turn)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from agentic_sandbox.broker.agentlink.gateway import (
+    ESTABLISHED,
+    TLS_ALERT,
+    LinkGateway,
+    Upstreams,
+    parse_connect,
+)
+
+LINK = b"CONNECT link.agentic-sandbox.invalid:443 HTTP/1.1\r\nHost: x\r\n\r\n"
+ENROLL = b"CONNECT enroll.agentic-sandbox.invalid:443 HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@dataclass
+class Upstream:
+    """A stand-in for one gRPC listener: records every connection and what it received, and
+    answers each chunk with `<name>:<chunk>`."""
+
+    name: str
+    received: list[bytearray] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            index = len(self.received)
+            self.received.append(bytearray())
+            while data := await reader.read(65536):
+                self.received[index] += data
+                writer.write(self.name.encode() + b":" + data)
+                await writer.drain()
+            self.closed.append(index)
+            writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[tuple[LinkGateway, int, Upstream, Upstream]]:
+    link, enroll = Upstream("link"), Upstream("enroll")
+    gw = LinkGateway(
+        Upstreams(
+            link=("127.0.0.1", await link.start()), enroll=("127.0.0.1", await enroll.start())
+        )
+    )
+    port = await gw.start("127.0.0.1", 0)
+    yield gw, port, link, enroll
+    await gw.stop()
+    for up in (link, enroll):
+        assert up.server is not None
+        up.server.close()
+
+
+async def _read_exactly(reader: asyncio.StreamReader, data: bytes) -> None:
+    got = await asyncio.wait_for(reader.readexactly(len(data)), 5)
+    assert got == data
+
+
+async def _until(pred: object, what: str) -> None:
+    async with asyncio.timeout(5):
+        while not pred():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_a_new_pipe_first_ends_a_stale_guest_connection(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    _gw, port, link, _enroll = gateway
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _read_exactly(reader, TLS_ALERT)  # what a guest connection open across a restore reads
+    # the stale connection's bytes are dropped; the next CONNECT starts a fresh one
+    writer.write(b"\x17\x03\x03\x00\x05stale" + LINK + b"hello")
+    await _read_exactly(reader, ESTABLISHED)
+    await _read_exactly(reader, b"link:hello")
+    assert bytes(link.received[0]) == b"hello"
+    writer.close()
+
+
+async def test_a_connect_inside_a_spliced_stream_starts_a_new_upstream(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    gw, port, link, enroll = gateway
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _read_exactly(reader, TLS_ALERT)
+    writer.write(ENROLL + b"csr")
+    await _read_exactly(reader, ESTABLISHED)
+    await _read_exactly(reader, b"enroll:csr")
+    # the agent closed its enrollment connection and opened the link: same pipe; the CONNECT
+    # arrives split over two writes
+    writer.write(b"tail-of-old" + LINK[:5])
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(LINK[5:] + b"register")
+    # the old connection got the CONNECT's first bytes before they could be told apart (it is
+    # closed right after; nothing is held back waiting for the next chunk)
+    await _read_exactly(reader, b"enroll:tail-of-old" + LINK[:5])
+    await _read_exactly(reader, ESTABLISHED)
+    await _read_exactly(reader, b"link:register")
+    await _until(lambda: enroll.closed == [0], "the old upstream to close")
+    assert bytes(link.received[0]) == b"register"
+    assert gw.metrics_restarts == 1 and gw.metrics_connections == 2
+    writer.close()
+
+
+async def test_unknown_names_are_refused_and_the_pipe_stays_usable(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    _gw, port, _link, _enroll = gateway
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _read_exactly(reader, TLS_ALERT)
+    writer.write(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: x\r\n\r\n")
+    status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert status.startswith(b"HTTP/1.1 403")
+    writer.write(LINK + b"ok")
+    await _read_exactly(reader, ESTABLISHED)
+    await _read_exactly(reader, b"link:ok")
+    writer.close()
+
+
+async def test_an_upstream_that_ends_ends_the_guests_tls_connection(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    gw, port, _link, _enroll = gateway
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _read_exactly(reader, TLS_ALERT)
+    writer.write(LINK + b"x")
+    await _read_exactly(reader, ESTABLISHED)
+    await _read_exactly(reader, b"link:x")
+    (pipe,) = gw.pipes
+    assert pipe.upstream is not None and pipe.upstream.transport is not None
+    pipe.upstream.transport.close()  # the server ended the connection
+    await _read_exactly(reader, TLS_ALERT)
+    writer.close()
+
+
+async def test_a_listener_that_is_down_answers_503(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    _gw, port, link, _enroll = gateway
+    assert link.server is not None
+    link.server.close()
+    await link.server.wait_closed()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _read_exactly(reader, TLS_ALERT)
+    writer.write(LINK)
+    status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert status.startswith(b"HTTP/1.1 503")
+    writer.close()
+
+
+def test_connect_requests_are_parsed_by_h11() -> None:
+    assert parse_connect(LINK) == "link"
+    assert parse_connect(ENROLL) == "enroll"
+    assert parse_connect(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") is None
+    assert (
+        parse_connect(b"CONNECT evil.agentic-sandbox.invalid:1 HTTP/1.1\r\nHost: x\r\n\r\n") is None
+    )
+    assert parse_connect(b"CONNECT \x00\x01 garbage\r\n\r\n") is None
