@@ -2,9 +2,9 @@
 
 The guest's ``/init`` prints ``SBX-BOOT-MARKER`` on the serial console, optionally probes TCP
 ports (``sbx.probe=[HOST:]PORT[,...]`` on the kernel command line, HOST defaulting to
-10.0.2.2, the guest forward's address; results printed as ``SBX-PROBE <port> ok|fail``), then prints ``SBX-TICK <n>`` ten times a second forever. The
-counter lives in guest memory, so a memory snapshot/restore is visible as the counter resuming
-from the saved value.
+10.0.2.2, the guest forward's address; results printed as ``SBX-PROBE <port> ok|fail``), then
+prints ``SBX-TICK <n>`` ten times a second forever. The counter lives in guest memory, so a
+memory snapshot/restore is visible as the counter resuming from the saved value.
 
 Artifacts are cached under ``$SANDBOX_TEST_CACHE`` (default
 ``/var/tmp/agentic-sandbox-test-cache``); rebuilding takes well under a second once the kernel
