@@ -15,7 +15,9 @@ from aiohttp import web
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
+from agentic_sandbox.broker.http.body import BodyError, read_json_body
 from agentic_sandbox.broker.http.routing import current_principal
+from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.tasks import TaskStream
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ async def resolve(request: web.Request) -> A2ACall:
 
 
 async def read_json(request: web.Request) -> Any:
+    """The decoded body (None when empty); see `http/body.py` for the limits."""
     ctype = request.content_type
     if ctype not in JSON_TYPES:
         raise e.InvalidRequestError(
@@ -82,19 +85,12 @@ async def read_json(request: web.Request) -> Any:
             http=415,
         )
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise e.InvalidRequestError("request body too large", http=413) from None
-    if not raw:
-        return None
-    try:
-        return json.loads(raw, parse_constant=_no_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-        raise e.JSONParseError(f"request body is not valid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+        _, doc = await read_json_body(request, services(request).settings.http_body_timeout_seconds)
+    except BodyError as exc:
+        if exc.status == 400:
+            raise e.JSONParseError(exc.message) from None
+        raise e.InvalidRequestError(exc.message, http=exc.status) from None
+    return doc
 
 
 def media_type(request: web.Request) -> str:

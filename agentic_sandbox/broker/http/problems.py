@@ -38,8 +38,10 @@ class ProblemError(Exception):
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(detail)
+        self.close = close  # end the connection after answering (its request is unfinished)
         self.status = status
         self.detail = detail
         self.code = code or _default_code(status)
@@ -56,6 +58,7 @@ def _default_code(status: int) -> str:
         403: "forbidden",
         404: "not-found",
         405: "method-not-allowed",
+        408: "body-timeout",
         409: "conflict",
         413: "payload-too-large",
         415: "unsupported-media-type",
@@ -127,12 +130,15 @@ def problem_response(request: web.Request | None, problem: ProblemError) -> web.
     if problem.errors:
         body["errors"] = problem.errors
     body.update(problem.extra)
-    return web.Response(
+    resp = web.Response(
         status=problem.status,
         text=json.dumps(body),
         content_type=PROBLEM_CONTENT_TYPE,
         headers=problem.headers,
     )
+    if problem.close:
+        resp.force_close()
+    return resp
 
 
 def _from_http_exception(exc: web.HTTPException) -> ProblemError:
