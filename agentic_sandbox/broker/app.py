@@ -18,6 +18,7 @@ from aiohttp import web
 from agentic_sandbox.broker.auth import routes as auth_routes
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
 from agentic_sandbox.broker.auth.service import AuthService
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.dashboard import DashboardAssetsMissing, install_dashboard
 from agentic_sandbox.broker.http import health
@@ -83,15 +84,17 @@ async def build_services(settings: Settings) -> Services:
     events = EventBus(db, ring_size=settings.events_ring_size, retention=settings.events_retention)
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)
+    streams = LiveStreams(max_per_credential=settings.streams_max_per_credential)
     svc = Services(
         settings=settings,
         db=db,
         events=events,
         audit=audit,
         metrics=metrics,
-        auth=AuthService(db, web_session_ttl=settings.web_session_ttl_seconds),
+        auth=AuthService(db, streams, web_session_ttl=settings.web_session_ttl_seconds),
         vault=Vault(db, data_dir / "secrets.key"),
         ratelimit=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        streams=streams,
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
     )

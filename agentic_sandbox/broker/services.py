@@ -13,6 +13,7 @@ from aiohttp import web
 
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
 from agentic_sandbox.broker.auth.service import AuthService
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
@@ -34,6 +35,7 @@ class Services:
     auth: AuthService
     vault: Vault
     ratelimit: RateLimiter
+    streams: LiveStreams
     server_id: str
     started_at: dt.datetime
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)

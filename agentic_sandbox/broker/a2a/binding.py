@@ -3,8 +3,6 @@ enforce `A2A-Version`, read JSON bodies, and write Server-Sent Events."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -15,8 +13,10 @@ from aiohttp import web
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
+from agentic_sandbox.broker.auth.streams import TooManyStreams
 from agentic_sandbox.broker.http.body import BodyError, read_json_body
 from agentic_sandbox.broker.http.routing import current_principal
+from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.tasks import TaskStream
 
@@ -27,7 +27,6 @@ SUPPORTED = (1, 0)
 JSON_TYPES = ("application/json", "application/a2a+json")
 A2A_JSON = "application/a2a+json"
 INSTANCE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-KEEPALIVE_SECONDS = 15.0
 
 HANDLER = web.AppKey("a2a_handler", A2AHandler)
 
@@ -121,6 +120,9 @@ def unexpected(exc: BaseException) -> e.A2AError:
     )
 
 
+REVOKED = "the credential that opened this stream was revoked"
+
+
 async def sse(
     request: web.Request,
     stream: TaskStream,
@@ -129,52 +131,32 @@ async def sse(
     history_length: int | None = None,
 ) -> web.StreamResponse:
     """The snapshot (a `task` StreamResponse), then every event as it happens, until the task
-    ends (or the client leaves, or the server stops)."""
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    events = stream.events().__aiter__()
-    pending: asyncio.Task[dict[str, Any]] | None = None
+    ends (or the client leaves, the credential is revoked, or the server stops)."""
+    principal = current_principal(request)
+    assert principal is not None  # resolve() ran first
+    try:
+        out = await EventStream.open(request, principal, retry_ms=None)
+    except TooManyStreams as exc:
+        stream.close()
+        raise e.QuotaExceededError(str(exc), headers={"Retry-After": "5"}) from None
 
     async def send(obj: dict[str, Any], event: str | None = None) -> None:
-        head = f"event: {event}\n" if event else ""
-        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        await resp.write(f"{head}data: {data}\n\n".encode())
+        await out.send(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), event=event)
 
     try:
-        await resp.prepare(request)
         await send(frame({"task": stream.snapshot.to_a2a(history_length=history_length)}))
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(_next(events))
-            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_SECONDS)
-            if not done:
-                await resp.write(b": keepalive\n\n")
-                continue
-            fut, pending = pending, None
-            try:
-                ev = fut.result()
-            except StopAsyncIteration:
-                break
-            except Exception as exc:
-                await send(on_error(unexpected(exc)), "error")
-                break
-            await send(frame(ev))
-    except (ConnectionResetError, asyncio.CancelledError):
+        try:
+            async for ev in out.follow(stream.events()):
+                await send(frame(ev))
+        except ConnectionError:
+            raise
+        except Exception as exc:
+            await send(on_error(unexpected(exc)), "error")
+        if out.revoked:
+            await send(on_error(e.UnauthenticatedError(f"{REVOKED} ({out.reason})")), "error")
+    except ConnectionError:
         pass
     finally:
-        if pending is not None:
-            pending.cancel()
+        await out.close()
         stream.close()
-    with contextlib.suppress(ConnectionResetError, RuntimeError):
-        await resp.write_eof()
-    return resp
-
-
-async def _next(events: Any) -> dict[str, Any]:
-    item: dict[str, Any] = await events.__anext__()
-    return item
+    return out.response

@@ -13,6 +13,7 @@ from sqlalchemy import func, select, update
 
 from agentic_sandbox.broker.auth import credentials as cred
 from agentic_sandbox.broker.auth.principal import Principal, Role
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 
@@ -32,8 +33,14 @@ class IssuedCredential:
 
 
 class AuthService:
-    def __init__(self, db: Database, *, web_session_ttl: int = 12 * 3600) -> None:
+    """Credentials: issue, resolve, revoke. Revoking one also ends every WebSocket and SSE
+    stream opened with it (`streams`), at once."""
+
+    def __init__(
+        self, db: Database, streams: LiveStreams, *, web_session_ttl: int = 12 * 3600
+    ) -> None:
         self._db = db
+        self.streams = streams
         self._ttl = dt.timedelta(seconds=web_session_ttl)
         self._cache: dict[str, tuple[float, Principal | None]] = {}
 
@@ -117,6 +124,8 @@ class AuthService:
                 .values(expires_at=dt.datetime.now(dt.UTC))
             )
         self.invalidate()
+        # Cookies made from the token lease their streams under the token too.
+        self.streams.revoke(f"token:{token_id}", "token revoked")
         return True
 
     async def resolve_bearer(self, secret: str) -> Principal | None:
@@ -151,7 +160,11 @@ class AuthService:
             if row.last_used_at is None or now - row.last_used_at > LAST_USED_EVERY:
                 row.last_used_at = now
             return Principal(
-                subject=row.subject, role=Role(row.role), kind="token", credential_id=row.id
+                subject=row.subject,
+                role=Role(row.role),
+                kind="token",
+                credential_id=row.id,
+                expires_at=row.expires_at,
             )
 
     async def _load_key(self, key_hash: str) -> Principal | None:
@@ -171,6 +184,7 @@ class AuthService:
                 credential_id=row.id,
                 scopes=frozenset(row.scopes or ()),
                 instance_id=row.instance_id,
+                expires_at=row.expires_at,
             )
 
     # ---- dashboard sessions ---------------------------------------------------------------
@@ -205,16 +219,24 @@ class AuthService:
                 return None
             if tok.expires_at is not None and tok.expires_at <= now:
                 return None
+            expiry = [t for t in (ws.expires_at, tok.expires_at) if t is not None]
             principal = Principal(
-                subject=tok.subject, role=Role(tok.role), kind="cookie", credential_id=tok.id
+                subject=tok.subject,
+                role=Role(tok.role),
+                kind="cookie",
+                credential_id=tok.id,
+                web_session=ws.id_hash,
+                expires_at=min(expiry) if expiry else None,
             )
             return principal, ws.csrf_token
 
     async def logout(self, cookie: str) -> None:
+        session_id = cred.digest(cookie)
         async with self._db.session() as s:
-            ws = await s.get(m.WebSession, cred.digest(cookie))
+            ws = await s.get(m.WebSession, session_id)
             if ws is not None:
                 await s.delete(ws)
+        self.streams.revoke(f"web:{session_id}", "signed out")
 
     # ---- agent-bound API keys (A2A) -------------------------------------------------------
     async def create_api_key(
@@ -267,4 +289,5 @@ class AuthService:
             if row.revoked_at is None:
                 row.revoked_at = dt.datetime.now(dt.UTC)
         self.invalidate()
+        self.streams.revoke(f"apikey:{key_id}", "API key revoked")
         return True

@@ -3,7 +3,8 @@
 Authentication accepts, in order: `Authorization: Bearer <token>`, the WebSocket subprotocol
 `bearer.<token>` (browsers cannot set headers on a WebSocket), and the dashboard cookie (a
 mutating request with the cookie needs `X-CSRF-Token`). A present-but-invalid credential is a
-401 on any route that needs one; every refusal is counted and audited.
+401 on any route; an A2A API key is a credential only under `/agents/` (403 elsewhere, whatever
+the route). Every refusal is counted and audited.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SESSION_COOKIE = "sbx_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+A2A_PREFIX = "/agents/"  # the only place an A2A API key is a credential
 
 
 def route_label(request: web.Request) -> str:
@@ -158,6 +160,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 request[CSRF_TOKEN] = csrf
 
     principal = request.get(PRINCIPAL_KEY)
+    if principal is not None and principal.kind == "apikey" and not _on_a2a_surface(request):
+        request[DENIED_REASON] = "A2A API key used outside /agents/"
+        raise ProblemError(
+            403,
+            "A2A API keys are valid only on their instance's A2A surface "
+            "(/agents/{instance_id}/); use an operator token here",
+            code="forbidden-credential",
+        )
     if principal is not None:
         wait = svc.ratelimit.take(principal.credential_id)
         if wait > 0:
@@ -169,6 +179,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 headers={"Retry-After": str(int(wait) + 1)},
             )
     return await handler(request)
+
+
+def _on_a2a_surface(request: web.Request) -> bool:
+    return request.path.startswith(A2A_PREFIX)
 
 
 def _csrf_ok(request: web.Request, expected: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from agentic_sandbox.broker.auth.streams import TooManyStreams
 from agentic_sandbox.broker.observability.logs import correlation_id
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,11 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem_response(request, problem)
     except ValidationError as exc:
         return problem_response(request, validation_problem(exc))
+    except TooManyStreams as exc:
+        return problem_response(
+            request,
+            ProblemError(429, str(exc), code="too-many-streams", headers={"Retry-After": "5"}),
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

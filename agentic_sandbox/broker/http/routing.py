@@ -218,14 +218,8 @@ def _wrap(spec: RouteSpec) -> Callable[[web.Request], Awaitable[web.StreamRespon
                     "a valid token is required (Authorization: Bearer <token>)",
                     headers={"WWW-Authenticate": 'Bearer realm="agentic-sandbox"'},
                 )
-            if principal.kind == "apikey":
-                request[DENIED_REASON] = "A2A API key used outside /agents/"
-                raise ProblemError(
-                    403,
-                    "A2A API keys are valid only on their instance's A2A surface "
-                    "(/agents/{instance_id}/); use an operator token here",
-                    code="forbidden-credential",
-                )
+            # (A2A API keys never get this far: the auth middleware refuses them outside
+            # /agents/, on every route.)
             if not principal.role.allows(spec.role):
                 request[DENIED_REASON] = f"role {principal.role} below {spec.role}"
                 raise ProblemError(
