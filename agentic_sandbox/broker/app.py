@@ -17,6 +17,7 @@ from aiohttp import web
 
 from agentic_sandbox.broker.auth import routes as auth_routes
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
 from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
@@ -94,6 +95,13 @@ async def build_services(settings: Settings) -> Services:
         auth=AuthService(db, streams, web_session_ttl=settings.web_session_ttl_seconds),
         vault=Vault(db, data_dir / "secrets.key"),
         ratelimit=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        refusals=RefusalGate(
+            audit,
+            events,
+            burst=settings.auth_refusal_burst,
+            per_minute=settings.auth_refusals_per_minute,
+            window_seconds=settings.auth_refusal_window_seconds,
+        ),
         streams=streams,
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
@@ -101,6 +109,7 @@ async def build_services(settings: Settings) -> Services:
     metrics.build_info.labels(health.VERSION).set(1)
     await events.start()
     await audit.start()
+    await svc.refusals.start()
     await svc.vault.teach_redactor()
     return svc
 
@@ -130,6 +139,7 @@ def create_app(svc: Services, components: list[Component]) -> web.Application:
 
 
 async def close_services(svc: Services) -> None:
+    await svc.refusals.close()  # its last summaries go to the audit log and events
     await svc.events.close()
     await svc.audit.close()
     await svc.db.close()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
 from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
@@ -35,6 +36,7 @@ class Services:
     auth: AuthService
     vault: Vault
     ratelimit: RateLimiter
+    refusals: RefusalGate
     streams: LiveStreams
     server_id: str
     started_at: dt.datetime
