@@ -37,6 +37,7 @@ from agentic_sandbox.broker.secrets import routes as secret_routes
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.services import SERVICES, Services
 from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store.health import StorageHealth
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ async def build_services(settings: Settings) -> Services:
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
     )
+    svc.readiness["storage"] = StorageHealth(db, data_dir).check
     metrics.build_info.labels(health.VERSION).set(1)
     await events.start()
     await audit.start()

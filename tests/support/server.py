@@ -34,8 +34,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.wrapper = list(wrapper or [])  # a command the server runs under (e.g. unshare)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -99,7 +106,7 @@ class ServerProcess:
         log.write(f"\n---- start {self.starts} ----\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
+            [*self.wrapper, sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
             cwd=ROOT,
             env=self.environment(),
             stdout=log,

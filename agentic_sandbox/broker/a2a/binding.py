@@ -18,6 +18,7 @@ from agentic_sandbox.broker.http.body import BodyError, read_json_body
 from agentic_sandbox.broker.http.routing import current_principal
 from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.store.health import storage_failure
 from agentic_sandbox.broker.tasks import TaskStream
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,18 @@ def json_response(
 
 
 def unexpected(exc: BaseException) -> e.A2AError:
-    """Never a stack trace to a client: log it, answer an InternalError with the request id."""
+    """Never a stack trace to a client: log it, answer an InternalError with the request id
+    (507/503 naming the problem when the server's storage refused the write)."""
     from agentic_sandbox.broker.observability.logs import correlation_id
 
+    failure = storage_failure(exc)
+    if failure is not None:
+        log.error("A2A request failed for lack of storage: %s", failure.message)
+        return e.InternalError(
+            f"{failure.public}; nothing was stored",
+            http=507 if failure.kind == "full" else 503,
+            metadata={"storage": failure.kind},
+        )
     log.error("A2A request failed", exc_info=exc)
     return e.InternalError(
         "internal error; the server log has the details under request id "

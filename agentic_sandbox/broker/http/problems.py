@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from agentic_sandbox.broker.auth.streams import TooManyStreams
 from agentic_sandbox.broker.observability.logs import correlation_id
+from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def _default_code(status: int) -> str:
         429: "too-many-requests",
         500: "internal-error",
         503: "not-ready",
+        507: "storage-full",
     }.get(status, "error")
 
 
@@ -100,6 +102,22 @@ def too_many(detail: str, retry_after: int) -> ProblemError:
 
 def not_ready(detail: str, retry_after: int = 5) -> ProblemError:
     return ProblemError(503, detail, headers={"Retry-After": str(retry_after)})
+
+
+def storage_problem(failure: StorageFailure) -> ProblemError:
+    """507 when the storage is full (nothing was stored; free space and retry), else 503."""
+    if failure.kind == "full":
+        return ProblemError(
+            507,
+            f"{failure.public}; nothing was stored — retry once an operator has freed space",
+            code="storage-full",
+        )
+    return ProblemError(
+        503,
+        f"{failure.public}; nothing was stored",
+        code="storage-unavailable",
+        headers={"Retry-After": "30"},
+    )
 
 
 def validation_problem(exc: ValidationError, where: str = "body") -> ProblemError:
@@ -180,7 +198,15 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         if not is_api_path(request.path) and exc.status == 404:
             raise
         return problem_response(request, _from_http_exception(exc))
-    except Exception:
+    except Exception as exc:
+        failure = storage_failure(exc)
+        if failure is not None:
+            log.error(
+                "request failed for lack of storage: %s",
+                failure.message,
+                extra={"path": request.path, "method": request.method},
+            )
+            return problem_response(request, storage_problem(failure))
         log.exception("unhandled error", extra={"path": request.path, "method": request.method})
         return problem_response(
             request,
