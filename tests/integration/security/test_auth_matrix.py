@@ -54,7 +54,6 @@ class Case:
     has_body: bool = False
     stream: bool = False
     headers: dict[str, str] | None = None
-    a2a: bool = False
 
 
 @dataclass
@@ -251,8 +250,8 @@ def a2a_cases(stack: Stack, kind: str) -> list[Case]:
     inst, task = stack.ids["instance"], stack.ids["task"]
     base = f"/agents/{inst}"
     cases = [
-        Case("card", kind, "GET", f"{base}/.well-known/agent-card.json", None, a2a=True),
-        Case("jwks", kind, "GET", f"{base}/.well-known/jwks.json", None, a2a=True),
+        Case("card", kind, "GET", f"{base}/.well-known/agent-card.json", None),
+        Case("jwks", kind, "GET", f"{base}/.well-known/jwks.json", None),
     ]
     for label, method, url, body, stream in (
         ("ListTasks (REST)", "GET", f"{base}/tasks", None, False),
@@ -285,7 +284,6 @@ def a2a_cases(stack: Stack, kind: str) -> list[Case]:
                 on_alice=True,
                 stream=stream,
                 headers=A2A_HEADERS,
-                a2a=True,
             )
         )
     return cases
