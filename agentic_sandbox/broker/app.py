@@ -17,7 +17,9 @@ from aiohttp import web
 
 from agentic_sandbox.broker.auth import routes as auth_routes
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.dashboard import DashboardAssetsMissing, install_dashboard
 from agentic_sandbox.broker.http import health
@@ -36,6 +38,7 @@ from agentic_sandbox.broker.secrets import routes as secret_routes
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.services import SERVICES, Services
 from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store.health import StorageHealth
 from agentic_sandbox.fleet import guard_dir, qemu_gid
 
 log = logging.getLogger(__name__)
@@ -86,24 +89,35 @@ async def build_services(settings: Settings) -> Services:
     events = EventBus(db, ring_size=settings.events_ring_size, retention=settings.events_retention)
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)
+    streams = LiveStreams(max_per_credential=settings.streams_max_per_credential)
     svc = Services(
         settings=settings,
         db=db,
         events=events,
         audit=audit,
         metrics=metrics,
-        auth=AuthService(db, web_session_ttl=settings.web_session_ttl_seconds),
+        auth=AuthService(db, streams, web_session_ttl=settings.web_session_ttl_seconds),
         vault=Vault(db, data_dir / "secrets.key"),
         ratelimit=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
         incarnations=Incarnations(db),
+        refusals=RefusalGate(
+            audit,
+            events,
+            burst=settings.auth_refusal_burst,
+            per_minute=settings.auth_refusals_per_minute,
+            window_seconds=settings.auth_refusal_window_seconds,
+        ),
+        streams=streams,
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
     )
+    svc.readiness["storage"] = StorageHealth(db, data_dir).check
     svc.incarnations.on_end("api-keys and shares", svc.auth.end_incarnation)
     svc.incarnations.on_end("secret bindings", svc.vault.end_incarnation)
     metrics.build_info.labels(health.VERSION).set(1)
     await events.start()
     await audit.start()
+    await svc.refusals.start()
     await svc.vault.teach_redactor()
     return svc
 
@@ -133,6 +147,7 @@ def create_app(svc: Services, components: list[Component]) -> web.Application:
 
 
 async def close_services(svc: Services) -> None:
+    await svc.refusals.close()  # its last summaries go to the audit log and events
     await svc.events.close()
     await svc.audit.close()
     await svc.db.close()

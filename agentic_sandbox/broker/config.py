@@ -97,6 +97,56 @@ class Settings(BaseSettings):
     rate_limit_per_minute: int = Field(default=600, ge=1)
     rate_limit_burst: int = Field(default=120, ge=1)
 
+    # ---- HTTP connections, refusals, streams -------------------------------------------------
+    http_idle_timeout_seconds: float = Field(
+        default=15.0,
+        ge=0.5,
+        le=3600,
+        description="a connection that has not sent a complete request head this long after "
+        "it opened (or after its previous response) is closed; WebSocket and SSE streams in "
+        "progress are not affected",
+    )
+    http_body_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600,
+        description="a request body must have arrived completely this long after its handler "
+        "starts reading it (else 408)",
+    )
+    http_max_connections_per_address: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="open HTTP connections (streams included) from one remote address; more "
+        "are answered 429 and closed",
+    )
+    auth_refusal_burst: int = Field(
+        default=20,
+        ge=1,
+        le=1_000_000,
+        description="refused requests without a valid credential one remote address may make "
+        "at once before further ones are answered 429",
+    )
+    auth_refusals_per_minute: int = Field(
+        default=20, ge=1, le=1_000_000, description="refill rate of that allowance"
+    )
+    auth_refusal_window_seconds: float = Field(
+        default=60.0,
+        ge=0.5,
+        le=86_400,
+        description="refusals from one address (or credential) are audited once per window; "
+        "the rest of the window becomes one summary entry with a count",
+    )
+    streams_max_per_credential: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="open WebSocket and SSE streams per credential (revocation closes them all)",
+    )
+    sse_keepalive_seconds: float = Field(
+        default=15.0, ge=0.1, le=3600, description="an idle SSE stream sends a comment this often"
+    )
+
     events_ring_size: int = Field(default=10_000, ge=100, le=10_000_000)
     events_retention: int = Field(default=1_000_000, ge=1000)
     sse_client_queue: int = Field(default=1000, ge=10, le=1_000_000)

@@ -26,6 +26,7 @@ from agentic_sandbox.broker.app import (
     token_file_message,
 )
 from agentic_sandbox.broker.config import MetricsAccess, Settings
+from agentic_sandbox.broker.http.connections import ConnectionCap, http_timeouts
 from agentic_sandbox.broker.observability.component import StoreGauges
 from agentic_sandbox.broker.observability.routes import metrics_app
 from agentic_sandbox.broker.services import Services
@@ -52,6 +53,8 @@ class Server:
         self.components: list[Component] = []
         self._runners: list[web.AppRunner] = []
         self._stopped = asyncio.Event()
+        # One cap for both listeners: an address's connections count together.
+        self.connections = ConnectionCap(settings.http_max_connections_per_address)
 
     async def start(self) -> Services:
         svc = self.svc = await build_services(self.settings)
@@ -66,8 +69,11 @@ class Server:
             access_log=None,
             shutdown_timeout=self.settings.shutdown_grace_seconds,
             handle_signals=False,
+            **http_timeouts(self.settings),
         )
         await runner.setup()
+        assert runner.server is not None
+        self.connections.install(runner.server)
         host, port = self.settings.http_address
         self._runners.append(runner)
         try:
@@ -76,8 +82,15 @@ class Server:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise StartupError(f"cannot listen on {host}:{port} (HTTP): {reason}") from exc
         if self.settings.metrics_access is MetricsAccess.listener:
-            mrunner = web.AppRunner(metrics_app(svc), access_log=None, handle_signals=False)
+            mrunner = web.AppRunner(
+                metrics_app(svc),
+                access_log=None,
+                handle_signals=False,
+                **http_timeouts(self.settings),
+            )
             await mrunner.setup()
+            assert mrunner.server is not None
+            self.connections.install(mrunner.server)
             mhost, mport = self.settings.metrics_address
             await web.TCPSite(mrunner, mhost, mport, reuse_address=True).start()
             self._runners.append(mrunner)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from agentic_sandbox.broker.auth.ratelimit import RateLimiter
+from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import Incarnations
 from agentic_sandbox.broker.observability.audit import AuditLog
@@ -36,6 +38,8 @@ class Services:
     vault: Vault
     ratelimit: RateLimiter
     incarnations: Incarnations
+    refusals: RefusalGate
+    streams: LiveStreams
     server_id: str
     started_at: dt.datetime
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)

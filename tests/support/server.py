@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -33,8 +34,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.wrapper = list(wrapper or [])  # a command the server runs under (e.g. unshare)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -104,7 +112,7 @@ class ServerProcess:
         log.write(f"\n---- start {self.starts} ----\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
+            [*self.wrapper, sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
             cwd=ROOT,
             env=self.environment(),
             stdout=log,
@@ -201,3 +209,18 @@ class ServerProcess:
     def make_token(self, subject: str, role: str) -> str:
         out = self.ok("POST", "/api/v2/admin/tokens", {"subject": subject, "role": role})
         return str(out["token"])
+
+    def set_instance_spec(self, instance_id: str, **spec: Any) -> None:
+        """Put skills / a task runner on an instance record (until loadouts carry them; the
+        server reads the record again within two seconds). SQLite only."""
+        db = sqlite3.connect(self.data_dir / "sandbox.db", timeout=10)
+        try:
+            row = db.execute("SELECT spec FROM instances WHERE id = ?", (instance_id,)).fetchone()
+            merged = {**json.loads(row[0]), **spec}
+            db.execute(
+                "UPDATE instances SET spec = ?, version = version + 1 WHERE id = ?",
+                (json.dumps(merged), instance_id),
+            )
+            db.commit()
+        finally:
+            db.close()

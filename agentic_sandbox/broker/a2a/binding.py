@@ -3,8 +3,6 @@ enforce `A2A-Version`, read JSON bodies, and write Server-Sent Events."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -15,7 +13,12 @@ from aiohttp import web
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
+from agentic_sandbox.broker.auth.streams import TooManyStreams
+from agentic_sandbox.broker.http.body import BodyError, read_json_body
 from agentic_sandbox.broker.http.routing import current_principal
+from agentic_sandbox.broker.http.sse import EventStream
+from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.store.health import storage_failure
 from agentic_sandbox.broker.tasks import TaskStream
 
 log = logging.getLogger(__name__)
@@ -25,7 +28,6 @@ SUPPORTED = (1, 0)
 JSON_TYPES = ("application/json", "application/a2a+json")
 A2A_JSON = "application/a2a+json"
 INSTANCE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-KEEPALIVE_SECONDS = 15.0
 
 HANDLER = web.AppKey("a2a_handler", A2AHandler)
 
@@ -74,6 +76,7 @@ async def resolve(request: web.Request) -> A2ACall:
 
 
 async def read_json(request: web.Request) -> Any:
+    """The decoded body (None when empty); see `http/body.py` for the limits."""
     ctype = request.content_type
     if ctype not in JSON_TYPES:
         raise e.InvalidRequestError(
@@ -82,19 +85,12 @@ async def read_json(request: web.Request) -> Any:
             http=415,
         )
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise e.InvalidRequestError("request body too large", http=413) from None
-    if not raw:
-        return None
-    try:
-        return json.loads(raw, parse_constant=_no_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-        raise e.JSONParseError(f"request body is not valid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+        _, doc = await read_json_body(request, services(request).settings.http_body_timeout_seconds)
+    except BodyError as exc:
+        if exc.status == 400:
+            raise e.JSONParseError(exc.message) from None
+        raise e.InvalidRequestError(exc.message, http=exc.status) from None
+    return doc
 
 
 def media_type(request: web.Request) -> str:
@@ -115,14 +111,26 @@ def json_response(
 
 
 def unexpected(exc: BaseException) -> e.A2AError:
-    """Never a stack trace to a client: log it, answer an InternalError with the request id."""
+    """Never a stack trace to a client: log it, answer an InternalError with the request id
+    (507/503 naming the problem when the server's storage refused the write)."""
     from agentic_sandbox.broker.observability.logs import correlation_id
 
+    failure = storage_failure(exc)
+    if failure is not None:
+        log.error("A2A request failed for lack of storage: %s", failure.message)
+        return e.InternalError(
+            f"{failure.public}; nothing was stored",
+            http=507 if failure.kind == "full" else 503,
+            metadata={"storage": failure.kind},
+        )
     log.error("A2A request failed", exc_info=exc)
     return e.InternalError(
         "internal error; the server log has the details under request id "
         f"{correlation_id.get() or '-'}"
     )
+
+
+REVOKED = "the credential that opened this stream was revoked"
 
 
 async def sse(
@@ -133,52 +141,32 @@ async def sse(
     history_length: int | None = None,
 ) -> web.StreamResponse:
     """The snapshot (a `task` StreamResponse), then every event as it happens, until the task
-    ends (or the client leaves, or the server stops)."""
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    events = stream.events().__aiter__()
-    pending: asyncio.Task[dict[str, Any]] | None = None
+    ends (or the client leaves, the credential is revoked, or the server stops)."""
+    principal = current_principal(request)
+    assert principal is not None  # resolve() ran first
+    try:
+        out = await EventStream.open(request, principal, retry_ms=None)
+    except TooManyStreams as exc:
+        stream.close()
+        raise e.QuotaExceededError(str(exc), headers={"Retry-After": "5"}) from None
 
     async def send(obj: dict[str, Any], event: str | None = None) -> None:
-        head = f"event: {event}\n" if event else ""
-        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        await resp.write(f"{head}data: {data}\n\n".encode())
+        await out.send(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), event=event)
 
     try:
-        await resp.prepare(request)
         await send(frame({"task": stream.snapshot.to_a2a(history_length=history_length)}))
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(_next(events))
-            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_SECONDS)
-            if not done:
-                await resp.write(b": keepalive\n\n")
-                continue
-            fut, pending = pending, None
-            try:
-                ev = fut.result()
-            except StopAsyncIteration:
-                break
-            except Exception as exc:
-                await send(on_error(unexpected(exc)), "error")
-                break
-            await send(frame(ev))
-    except (ConnectionResetError, asyncio.CancelledError):
+        try:
+            async for ev in out.follow(stream.events()):
+                await send(frame(ev))
+        except ConnectionError:
+            raise
+        except Exception as exc:
+            await send(on_error(unexpected(exc)), "error")
+        if out.revoked:
+            await send(on_error(e.UnauthenticatedError(f"{REVOKED} ({out.reason})")), "error")
+    except ConnectionError:
         pass
     finally:
-        if pending is not None:
-            pending.cancel()
+        await out.close()
         stream.close()
-    with contextlib.suppress(ConnectionResetError, RuntimeError):
-        await resp.write_eof()
-    return resp
-
-
-async def _next(events: Any) -> dict[str, Any]:
-    item: dict[str, Any] = await events.__anext__()
-    return item
+    return out.response

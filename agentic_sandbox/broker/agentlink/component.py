@@ -78,6 +78,7 @@ class AgentLinkComponent:
             events=svc.events,
             audit=svc.audit,
             metrics=svc.metrics,
+            refusals=svc.refusals,
             heartbeat_ms=int(s.agent_heartbeat_seconds * 1000),
             outbox_limit=s.agent_outbox_messages,
         )

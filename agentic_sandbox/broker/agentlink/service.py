@@ -6,8 +6,10 @@ context) and check it is a certificate this server issued, unrevoked, for the in
 incarnation (a certificate of a deleted instance is refused, whatever has that id now). A
 message field never decides who the agent is: `Register.instance_id` is only compared, and a
 mismatch is refused.
-Every refusal is logged, audited (`outcome=denied`), counted (`sandbox_auth_failures_total`,
-`sandbox_agent_enrollments_total`) and published as an `agent.*` event.
+Every refusal is counted (`sandbox_auth_failures_total`, `sandbox_agent_enrollments_total`)
+and goes through the refusal gate (`auth/refusals.py`): logged, audited (`outcome=denied`) and
+published as `agent.refused` once per window and peer address, the rest summarised with a count;
+refused `Enroll` calls are rate-limited per peer address (`RESOURCE_EXHAUSTED`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +40,7 @@ from agentic_sandbox.broker.agentlink.link import (
     LinkHandler,
 )
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
+from agentic_sandbox.broker.auth.refusals import Refusal, RefusalGate, Verdict
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.observability.metrics import Metrics
@@ -61,6 +65,15 @@ class PeerIdentity:
         self.not_after = cert.not_valid_after_utc
 
 
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer string (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`), without
+    the port, which differs on every connection."""
+    scheme, _, rest = peer.partition(":")
+    if scheme in ("ipv4", "ipv6") and rest:
+        return rest.rpartition(":")[0].strip("[]") or rest
+    return peer
+
+
 def peer_certificate(context: grpc.aio.ServicerContext[Any, Any]) -> x509.Certificate | None:
     auth = context.auth_context()
     pems = auth.get("x509_pem_cert")
@@ -80,10 +93,12 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         events: EventBus,
         audit: AuditLog,
         metrics: Metrics,
+        refusals: RefusalGate,
         heartbeat_ms: int,
         outbox_limit: int = 10_000,
     ) -> None:
         self._db = db
+        self._refusals = refusals
         self._enrollment = enrollment
         self._registry = registry
         self._handler = handler
@@ -111,31 +126,39 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         message: str,
         *,
         enrollment: bool = False,
-    ) -> None:
-        log.warning(
-            "agent %s refused for %s: %s (%s)",
-            action,
-            instance_id or "?",
-            message,
-            reason,
-            extra={"instance_id": instance_id, "peer": peer, "reason": reason},
-        )
+    ) -> Verdict:
+        """Count a refusal; audit, publish and log it through the refusal gate (once per window
+        and peer address; the rest are summarised). Enroll refusals are also rate-limited per
+        peer address: a limited verdict is answered RESOURCE_EXHAUSTED."""
         self._metrics.auth_failures.labels(f"agent-{action}").inc()
         if enrollment:
             self._metrics.enrollments.labels(reason).inc()
-        self._audit.denied(
-            f"agent:{instance_id or 'unknown'}@{peer}",
-            f"agent.{action}",
-            "instance",
-            instance_id or "unknown",
-            f"{reason}: {message}",
+        host = peer_host(peer)
+        verdict = self._refusals.refuse(
+            f"agent-link:{host}",
+            Refusal(
+                actor=f"agent:{instance_id or 'unknown'}@{peer}",
+                action=f"agent.{action}",
+                subject_type="instance",
+                subject_id=instance_id or "unknown",
+                reason=f"{reason}: {message}",
+                event="agent.refused",
+                data={"action": action, "reason": reason, "message": message, "peer": peer},
+                instance_id=instance_id or None,
+                kind=f"{action}:{reason}",
+            ),
+            limit=enrollment,
         )
-        self._events.publish(
-            "agent.refused",
-            actor=f"agent@{peer}",
-            instance_id=instance_id or None,
-            data={"action": action, "reason": reason, "message": message, "peer": peer},
-        )
+        if verdict.recorded:
+            log.warning(
+                "agent %s refused for %s: %s (%s)",
+                action,
+                instance_id or "?",
+                message,
+                reason,
+                extra={"instance_id": instance_id, "peer": peer, "reason": reason},
+            )
+        return verdict
 
     async def _identity(
         self, context: grpc.aio.ServicerContext[Any, Any], action: str
@@ -181,9 +204,16 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 request.instance_id, request.token, bytes(request.csr_pem)
             )
         except EnrollmentRefused as exc:
-            self._refuse(
+            verdict = self._refuse(
                 "enroll", request.instance_id[:63], peer, exc.reason, exc.message, enrollment=True
             )
+            if verdict.limited:
+                retry = max(1, math.ceil(verdict.retry_after))
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many refused enrollments from this address; retry in {retry}s",
+                    trailing_metadata=(("retry-after", str(retry)),),
+                )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
             raise AssertionError("unreachable") from None
         self._metrics.enrollments.labels("ok").inc()

@@ -100,19 +100,34 @@ async def create_token(call: Call[TokenCreate, NoQuery]) -> TokenCreated:
     "/api/v2/admin/tokens",
     response=TokenList,
     role=Role.viewer,
-    summary="List operator tokens (admins see all; others their own)",
+    summary="List operator tokens (admins see all; others only the one they call with)",
     tag="tokens",
 )
 async def list_tokens(call: Call[NoBody, NoQuery]) -> TokenList:
     who = call.require_principal()
-    rows = await services(call.request).auth.list_tokens(None if who.is_admin else who.subject)
+    auth = services(call.request).auth
+    if who.is_admin:
+        rows = await auth.list_tokens()
+    else:
+        own = await auth.get_token(who.credential_id)
+        rows = [own] if own is not None else []
     return TokenList(items=[TokenInfo.model_validate(r) for r in rows])
+
+
+def may_revoke(who: Principal, token_id: str, role: Role) -> bool:
+    """Admins revoke any token; everyone else only the credential they call with. Nobody
+    revokes a token of a higher role than their own. Identity is the credential's id, never
+    its subject: a subject is a reusable name (a viewer can be called `admin`)."""
+    if role.rank > who.role.rank:
+        return False
+    return who.is_admin or token_id == who.credential_id
 
 
 @api.delete(
     "/api/v2/admin/tokens/{token_id}",
     role=Role.viewer,
-    summary="Revoke an operator token (your own, or any as admin)",
+    summary="Revoke an operator token (your own; admins any): its WebSocket and SSE streams "
+    "end at once",
     tag="tokens",
 )
 async def revoke_token(call: Call[NoBody, NoQuery]) -> None:
@@ -120,10 +135,11 @@ async def revoke_token(call: Call[NoBody, NoQuery]) -> None:
     who = call.require_principal()
     token_id = call.match["token_id"]
     row = await svc.auth.get_token(token_id)
-    if row is None or not who.can_see(row.subject):
+    if row is None or not may_revoke(who, row.id, Role(row.role)):
+        # Not yours (or above you) is indistinguishable from not there.
         raise not_found("token", token_id)
     await svc.auth.revoke_token(token_id)
-    svc.audit.record(who.actor, "token.revoke", "token", token_id)
+    svc.audit.record(who.actor, "token.revoke", "token", token_id, detail={"role": row.role})
 
 
 @api.get(

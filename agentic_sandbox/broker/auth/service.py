@@ -13,6 +13,7 @@ from sqlalchemy import delete, func, select, update
 
 from agentic_sandbox.broker.auth import credentials as cred
 from agentic_sandbox.broker.auth.principal import Principal, Role
+from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
@@ -33,8 +34,14 @@ class IssuedCredential:
 
 
 class AuthService:
-    def __init__(self, db: Database, *, web_session_ttl: int = 12 * 3600) -> None:
+    """Credentials: issue, resolve, revoke. Revoking one also ends every WebSocket and SSE
+    stream opened with it (`streams`), at once."""
+
+    def __init__(
+        self, db: Database, streams: LiveStreams, *, web_session_ttl: int = 12 * 3600
+    ) -> None:
         self._db = db
+        self.streams = streams
         self._ttl = dt.timedelta(seconds=web_session_ttl)
         self._cache: dict[str, tuple[float, Principal | None]] = {}
 
@@ -118,6 +125,8 @@ class AuthService:
                 .values(expires_at=dt.datetime.now(dt.UTC))
             )
         self.invalidate()
+        # Cookies made from the token lease their streams under the token too.
+        self.streams.revoke(f"token:{token_id}", "token revoked")
         return True
 
     async def resolve_bearer(self, secret: str) -> Principal | None:
@@ -152,7 +161,11 @@ class AuthService:
             if row.last_used_at is None or now - row.last_used_at > LAST_USED_EVERY:
                 row.last_used_at = now
             return Principal(
-                subject=row.subject, role=Role(row.role), kind="token", credential_id=row.id
+                subject=row.subject,
+                role=Role(row.role),
+                kind="token",
+                credential_id=row.id,
+                expires_at=row.expires_at,
             )
 
     async def _live_incarnation(self, instance_id: str) -> str | None:
@@ -187,6 +200,7 @@ class AuthService:
                 credential_id=row.id,
                 scopes=frozenset(row.scopes or ()),
                 instance_id=row.instance_id,
+                expires_at=row.expires_at,
             )
 
     # ---- dashboard sessions ---------------------------------------------------------------
@@ -221,16 +235,24 @@ class AuthService:
                 return None
             if tok.expires_at is not None and tok.expires_at <= now:
                 return None
+            expiry = [t for t in (ws.expires_at, tok.expires_at) if t is not None]
             principal = Principal(
-                subject=tok.subject, role=Role(tok.role), kind="cookie", credential_id=tok.id
+                subject=tok.subject,
+                role=Role(tok.role),
+                kind="cookie",
+                credential_id=tok.id,
+                web_session=ws.id_hash,
+                expires_at=min(expiry) if expiry else None,
             )
             return principal, ws.csrf_token
 
     async def logout(self, cookie: str) -> None:
+        session_id = cred.digest(cookie)
         async with self._db.session() as s:
-            ws = await s.get(m.WebSession, cred.digest(cookie))
+            ws = await s.get(m.WebSession, session_id)
             if ws is not None:
                 await s.delete(ws)
+        self.streams.revoke(f"web:{session_id}", "signed out")
 
     # ---- agent-bound API keys (A2A) -------------------------------------------------------
     async def create_api_key(
@@ -280,17 +302,21 @@ class AuthService:
             return await s.get(m.ApiKey, key_id)
 
     async def end_incarnation(self, ended: EndedIncarnation) -> None:
-        """An ended incarnation's A2A keys are revoked and its shares removed."""
+        """An ended incarnation's A2A keys are revoked (their open streams end) and its shares
+        removed."""
         now = dt.datetime.now(dt.UTC)
         async with self._db.session() as s:
-            await s.execute(
-                update(m.ApiKey)
-                .where(
-                    m.ApiKey.instance_id == ended.instance_id,
-                    m.ApiKey.incarnation == ended.incarnation,
-                    m.ApiKey.revoked_at.is_(None),
+            keys = list(
+                await s.scalars(
+                    update(m.ApiKey)
+                    .where(
+                        m.ApiKey.instance_id == ended.instance_id,
+                        m.ApiKey.incarnation == ended.incarnation,
+                        m.ApiKey.revoked_at.is_(None),
+                    )
+                    .values(revoked_at=now)
+                    .returning(m.ApiKey.id)
                 )
-                .values(revoked_at=now)
             )
             await s.execute(
                 delete(m.Share).where(
@@ -298,6 +324,8 @@ class AuthService:
                 )
             )
         self.invalidate()
+        for key_id in keys:
+            self.streams.revoke(f"apikey:{key_id}", "the key's instance was deleted")
 
     async def revoke_api_key(self, key_id: str) -> bool:
         async with self._db.session() as s:
@@ -307,4 +335,5 @@ class AuthService:
             if row.revoked_at is None:
                 row.revoked_at = dt.datetime.now(dt.UTC)
         self.invalidate()
+        self.streams.revoke(f"apikey:{key_id}", "API key revoked")
         return True

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from aiohttp import web
+from pydantic import Field
 
 from agentic_sandbox.broker.auth.principal import Role
 from agentic_sandbox.broker.http.openapi import build_openapi
@@ -27,7 +28,9 @@ class Health(Output):
 
 class ReadyCheck(Output):
     ok: bool
-    detail: str
+    detail: str | None = Field(
+        default=None, description="why (for callers with an operator token or cookie only)"
+    )
 
 
 class Ready(Output):
@@ -45,12 +48,16 @@ async def healthz(call: Call[NoBody, NoQuery]) -> Health:
     "/readyz",
     response=Ready,
     role=None,
-    summary="Ready to serve: database reachable, libvirt reachable when configured",
+    summary="Ready to serve: database reachable, storage writable, libvirt reachable when "
+    "configured",
+    description="Anonymous callers get the status and which checks pass; the details (URIs, "
+    "counts, errors) are for callers with an operator token or the dashboard cookie.",
     tag="health",
-    responses={503: "not ready; `checks` says which dependency and why"},
+    responses={503: "not ready; `checks` says which dependency (and, authenticated, why)"},
 )
 async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     svc = services(call.request)
+    detailed = call.principal is not None and call.principal.kind != "apikey"
 
     async def db_check() -> tuple[bool, str]:
         await svc.db.ping()
@@ -65,10 +72,12 @@ async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
             ok, detail = False, f"no answer within {CHECK_TIMEOUT:.0f}s"
         except Exception as exc:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        results[name] = ReadyCheck(ok=ok, detail=detail)
+        results[name] = ReadyCheck(ok=ok, detail=detail if detailed else None)
     ready = all(r.ok for r in results.values())
     body = Ready(status="ready" if ready else "not-ready", checks=results)
-    return web.json_response(body.model_dump(mode="json"), status=200 if ready else 503)
+    return web.json_response(
+        body.model_dump(mode="json", exclude_none=True), status=200 if ready else 503
+    )
 
 
 @api.get(

@@ -3,19 +3,23 @@
 Authentication accepts, in order: `Authorization: Bearer <token>`, the WebSocket subprotocol
 `bearer.<token>` (browsers cannot set headers on a WebSocket), and the dashboard cookie (a
 mutating request with the cookie needs `X-CSRF-Token`). A present-but-invalid credential is a
-401 on any route that needs one; every refusal is counted and audited.
+401 on any route; an A2A API key is a credential only under `/agents/` (403 elsewhere, whatever
+the route). Every refusal is counted and goes through the refusal gate (`auth/refusals.py`):
+audited once per window and key, and past an address's allowance answered 429.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from agentic_sandbox.broker.auth.credentials import same
-from agentic_sandbox.broker.http.problems import ProblemError
+from agentic_sandbox.broker.auth.refusals import Refusal, Verdict
+from agentic_sandbox.broker.http.problems import ProblemError, problem_response
 from agentic_sandbox.broker.http.routing import AUTH_ERROR, CSRF_TOKEN, DENIED_REASON, PRINCIPAL_KEY
 from agentic_sandbox.broker.observability.logs import accept_request_id, correlation_id
 from agentic_sandbox.broker.services import services
@@ -27,6 +31,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SESSION_COOKIE = "sbx_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+A2A_PREFIX = "/agents/"  # the only place an A2A API key is a credential
 
 
 def route_label(request: web.Request) -> str:
@@ -58,12 +63,16 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     status = 500
     try:
         response = await handler(request)
+        if response.status in (401, 403) and not response.prepared:
+            response = _refused(request, response)
         status = response.status
         if not response.prepared:
             response.headers["X-Request-Id"] = cid
         return response
     except web.HTTPException as exc:
         status = exc.status
+        if status in (401, 403):
+            _refusal_verdict(request, status)
         exc.headers["X-Request-Id"] = cid
         raise
     finally:
@@ -71,8 +80,6 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         route = route_label(request)
         svc.metrics.http_requests.labels(route, request.method, str(status)).inc()
         svc.metrics.http_duration.labels(route, request.method).observe(elapsed)
-        if status in (401, 403):
-            _audit_refusal(request, status)
         log.info(
             "%s %s %s %.1fms",
             request.method,
@@ -90,7 +97,26 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         correlation_id.reset(token)
 
 
-def _audit_refusal(request: web.Request, status: int) -> None:
+def _refused(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """Count and audit a 401/403 through the refusal gate; past an anonymous address's
+    allowance the answer becomes 429 (and the refusal is only counted)."""
+    verdict = _refusal_verdict(request, response.status)
+    if not verdict.limited:
+        return response
+    services(request).metrics.rate_limited.inc()
+    retry = max(1, math.ceil(verdict.retry_after))
+    return problem_response(
+        request,
+        ProblemError(
+            429,
+            "too many refused requests from your address; retry later with a valid credential",
+            code="rate-limited",
+            headers={"Retry-After": str(retry)},
+        ),
+    )
+
+
+def _refusal_verdict(request: web.Request, status: int) -> Verdict:
     svc = services(request)
     principal = request.get(PRINCIPAL_KEY)
     reason = (
@@ -100,20 +126,22 @@ def _audit_refusal(request: web.Request, status: int) -> None:
     )
     kind = "unauthenticated" if status == 401 else "forbidden"
     svc.metrics.auth_failures.labels(kind).inc()
-    actor = principal.actor if principal is not None else f"anonymous@{request.remote}"
-    svc.audit.denied(
-        actor, f"{request.method} {route_label(request)}", "route", request.path, reason
-    )
-    svc.events.publish(
-        "auth.denied",
+    remote = request.remote or "unknown"
+    route = route_label(request)
+    if principal is None:
+        actor, key = f"anonymous@{remote}", f"address:{remote}"
+    else:
+        actor, key = principal.actor, f"credential:{principal.credential_id}"
+    refusal = Refusal(
         actor=actor,
-        data={
-            "status": status,
-            "method": request.method,
-            "route": route_label(request),
-            "reason": reason,
-        },
+        action=f"{request.method} {route}",
+        subject_type="route",
+        subject_id=request.path[:256],
+        reason=reason,
+        event="auth.denied",
+        data={"status": status, "method": request.method, "route": route, "reason": reason},
     )
+    return svc.refusals.refuse(key, refusal, limit=principal is None)
 
 
 @web.middleware
@@ -158,6 +186,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 request[CSRF_TOKEN] = csrf
 
     principal = request.get(PRINCIPAL_KEY)
+    if principal is not None and principal.kind == "apikey" and not _on_a2a_surface(request):
+        request[DENIED_REASON] = "A2A API key used outside /agents/"
+        raise ProblemError(
+            403,
+            "A2A API keys are valid only on their instance's A2A surface "
+            "(/agents/{instance_id}/); use an operator token here",
+            code="forbidden-credential",
+        )
     if principal is not None:
         wait = svc.ratelimit.take(principal.credential_id)
         if wait > 0:
@@ -169,6 +205,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 headers={"Retry-After": str(int(wait) + 1)},
             )
     return await handler(request)
+
+
+def _on_a2a_surface(request: web.Request) -> bool:
+    return request.path.startswith(A2A_PREFIX)
 
 
 def _csrf_ok(request: web.Request, expected: str) -> bool:

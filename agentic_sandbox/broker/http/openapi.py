@@ -144,6 +144,7 @@ def build_openapi(
             responses["403"] = _problem("role or scope not allowed")
             responses["429"] = _problem("rate limit or quota exceeded")
             op["security"] = [{"bearer": []}, {"cookie": []}]
+            op["x-minimum-role"] = spec.role.value  # viewer < operator < admin
         else:
             op["security"] = []
         if "{" in spec.path:

@@ -15,7 +15,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from agentic_sandbox.broker.auth.streams import TooManyStreams
 from agentic_sandbox.broker.observability.logs import correlation_id
+from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,10 @@ class ProblemError(Exception):
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(detail)
+        self.close = close  # end the connection after answering (its request is unfinished)
         self.status = status
         self.detail = detail
         self.code = code or _default_code(status)
@@ -56,6 +60,7 @@ def _default_code(status: int) -> str:
         403: "forbidden",
         404: "not-found",
         405: "method-not-allowed",
+        408: "body-timeout",
         409: "conflict",
         413: "payload-too-large",
         415: "unsupported-media-type",
@@ -63,6 +68,7 @@ def _default_code(status: int) -> str:
         429: "too-many-requests",
         500: "internal-error",
         503: "not-ready",
+        507: "storage-full",
     }.get(status, "error")
 
 
@@ -98,6 +104,22 @@ def not_ready(detail: str, retry_after: int = 5) -> ProblemError:
     return ProblemError(503, detail, headers={"Retry-After": str(retry_after)})
 
 
+def storage_problem(failure: StorageFailure) -> ProblemError:
+    """507 when the storage is full (nothing was stored; free space and retry), else 503."""
+    if failure.kind == "full":
+        return ProblemError(
+            507,
+            f"{failure.public}; nothing was stored — retry once an operator has freed space",
+            code="storage-full",
+        )
+    return ProblemError(
+        503,
+        f"{failure.public}; nothing was stored",
+        code="storage-unavailable",
+        headers={"Retry-After": "30"},
+    )
+
+
 def validation_problem(exc: ValidationError, where: str = "body") -> ProblemError:
     """422 naming every bad field as `where.path.to.field`."""
     errors = []
@@ -127,12 +149,15 @@ def problem_response(request: web.Request | None, problem: ProblemError) -> web.
     if problem.errors:
         body["errors"] = problem.errors
     body.update(problem.extra)
-    return web.Response(
+    resp = web.Response(
         status=problem.status,
         text=json.dumps(body),
         content_type=PROBLEM_CONTENT_TYPE,
         headers=problem.headers,
     )
+    if problem.close:
+        resp.force_close()
+    return resp
 
 
 def _from_http_exception(exc: web.HTTPException) -> ProblemError:
@@ -162,13 +187,26 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem_response(request, problem)
     except ValidationError as exc:
         return problem_response(request, validation_problem(exc))
+    except TooManyStreams as exc:
+        return problem_response(
+            request,
+            ProblemError(429, str(exc), code="too-many-streams", headers={"Retry-After": "5"}),
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         if not is_api_path(request.path) and exc.status == 404:
             raise
         return problem_response(request, _from_http_exception(exc))
-    except Exception:
+    except Exception as exc:
+        failure = storage_failure(exc)
+        if failure is not None:
+            log.error(
+                "request failed for lack of storage: %s",
+                failure.message,
+                extra={"path": request.path, "method": request.method},
+            )
+            return problem_response(request, storage_problem(failure))
         log.exception("unhandled error", extra={"path": request.path, "method": request.method})
         return problem_response(
             request,

@@ -12,7 +12,6 @@ The same declarations drive request parsing (pydantic, 422 naming the field), au
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,7 +20,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentic_sandbox.broker.auth.principal import Principal, Role
+from agentic_sandbox.broker.http.body import BodyError, read_json_body
 from agentic_sandbox.broker.http.problems import ProblemError, validation_problem
+from agentic_sandbox.broker.services import services
 
 B = TypeVar("B", bound=BaseModel)
 Q = TypeVar("Q", bound=BaseModel)
@@ -93,7 +94,8 @@ def current_principal(request: web.Request) -> Principal | None:
 
 
 async def read_json(request: web.Request) -> Any:
-    """Parse the body as JSON with a 400/415 naming what is wrong."""
+    """Read and parse the body as JSON (see `http/body.py`): 400/408/413/415 naming what is
+    wrong."""
     ctype = request.content_type
     if ctype not in JSON_TYPES:
         raise ProblemError(
@@ -101,13 +103,15 @@ async def read_json(request: web.Request) -> Any:
             f"Content-Type must be application/json (got {ctype or 'none'})",
             code="unsupported-media-type",
         )
-    raw = await request.read()
-    if not raw:
-        raise ProblemError(400, "request body is empty; a JSON object is expected", code="bad-json")
+    timeout = services(request).settings.http_body_timeout_seconds
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProblemError(400, f"request body is not valid JSON: {exc}", code="bad-json") from None
+        present, doc = await read_json_body(request, timeout)
+    except BodyError as exc:
+        unfinished = exc.status != 400  # the rest of the body was never read
+        raise ProblemError(exc.status, exc.message, code=exc.code, close=unfinished) from None
+    if not present:
+        raise ProblemError(400, "request body is empty; a JSON object is expected", code="bad-json")
+    return doc
 
 
 def parse_query(model: type[Q], request: web.Request) -> Q:
@@ -214,14 +218,8 @@ def _wrap(spec: RouteSpec) -> Callable[[web.Request], Awaitable[web.StreamRespon
                     "a valid token is required (Authorization: Bearer <token>)",
                     headers={"WWW-Authenticate": 'Bearer realm="agentic-sandbox"'},
                 )
-            if principal.kind == "apikey":
-                request[DENIED_REASON] = "A2A API key used outside /agents/"
-                raise ProblemError(
-                    403,
-                    "A2A API keys are valid only on their instance's A2A surface "
-                    "(/agents/{instance_id}/); use an operator token here",
-                    code="forbidden-credential",
-                )
+            # (A2A API keys never get this far: the auth middleware refuses them outside
+            # /agents/, on every route.)
             if not principal.role.allows(spec.role):
                 request[DENIED_REASON] = f"role {principal.role} below {spec.role}"
                 raise ProblemError(

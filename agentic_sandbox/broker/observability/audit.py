@@ -69,10 +69,13 @@ class AuditLog:
             log.error("audit backlog full; oldest unwritten entry dropped")
         self._pending.append(
             AuditRecord(
-                actor=actor,
-                action=action,
-                subject_type=subject_type,
-                subject_id=subject_id,
+                # Clipped to their columns (PostgreSQL refuses longer values, and one bad row
+                # would hold back every batch after it): a request path or a route template
+                # can be longer than the column.
+                actor=actor[:128],
+                action=action[:64],
+                subject_type=subject_type[:32],
+                subject_id=subject_id[:128],
                 outcome=outcome,
                 cause=redactor.text(cause),
                 from_state=from_state,
@@ -172,7 +175,10 @@ class AuditLog:
 
     async def close(self) -> None:
         if self._writer is not None:
-            self._writer.cancel()
+            # Never cancel a batch mid-write (SQLite would keep the write lock of the abandoned
+            # transaction and the final flush below would fail "database is locked").
+            async with self._lock:
+                self._writer.cancel()
             try:
                 await self._writer
             except asyncio.CancelledError:

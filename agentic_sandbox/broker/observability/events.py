@@ -384,7 +384,8 @@ class EventBus:
     async def close(self) -> None:
         self.end_streams()
         if self._writer is not None:
-            self._writer.cancel()
+            async with self._flush_lock:  # never cancel a batch mid-write (see AuditLog.close)
+                self._writer.cancel()
             try:
                 await self._writer
             except asyncio.CancelledError:

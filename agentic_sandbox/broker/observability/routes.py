@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import json
 from typing import Any
@@ -16,13 +14,13 @@ from agentic_sandbox.broker.config import MetricsAccess
 from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, current_principal
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
+from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.observability.events import EventFilter
 from agentic_sandbox.broker.services import Services, services
 
 api = ApiRoutes()
 
 MAX_PAGE = 200
-SSE_KEEPALIVE_SECONDS = 15.0
 
 
 class EventsQuery(Input):
@@ -133,6 +131,8 @@ async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     role=Role.viewer,
     content_type="text/event-stream",
     summary="Live events as Server-Sent Events; resumes after `Last-Event-ID` (or `after`)",
+    description="Ends with an `event: revoked` frame when the credential that opened it is "
+    "revoked (or expires).",
     tag="events",
 )
 async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
@@ -152,37 +152,23 @@ async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
         )
     who = call.require_principal()
     flt = call.query.filter(None if who.is_admin else who.subject)
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await resp.prepare(request)
-    await resp.write(b"retry: 2000\n\n")
+    stream = await EventStream.open(request, who)
     gen = svc.events.follow(after, flt, svc.settings.sse_client_queue)
     try:
-        while True:
-            try:
-                ev = await asyncio.wait_for(gen.__anext__(), SSE_KEEPALIVE_SECONDS)
-            except TimeoutError:
-                await resp.write(b": keepalive\n\n")
-                continue
-            except StopAsyncIteration:
-                break
+        async for ev in stream.follow(gen):
             if ev.type == "stream.gap":
                 svc.metrics.sse_gaps.inc()
-                frame = f"event: gap\ndata: {json.dumps(ev.to_json())}\n\n"
+                await stream.send(json.dumps(ev.to_json()), event="gap")
             else:
-                frame = f"id: {ev.seq}\nevent: {ev.type}\ndata: {json.dumps(ev.to_json())}\n\n"
-            await resp.write(frame.encode())
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+                await stream.send(json.dumps(ev.to_json()), event=ev.type, id=str(ev.seq))
+        if stream.revoked:
+            await stream.send(json.dumps({"reason": stream.reason}), event="revoked")
+    except ConnectionError:
+        pass  # the client left
     finally:
-        with contextlib.suppress(Exception):
-            await gen.aclose()
-    return resp
+        await stream.close()
+        await gen.aclose()
+    return stream.response
 
 
 # ---- audit ------------------------------------------------------------------------------------

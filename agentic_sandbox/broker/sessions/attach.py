@@ -14,7 +14,7 @@ import logging
 from typing import Literal
 from urllib.parse import urlsplit
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ConfigDict, Field
 
 from agentic_sandbox.broker.auth.principal import Role
@@ -149,36 +149,57 @@ async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
             code="too-many-observers",
             headers={"Retry-After": "5"},
         )
-    await ws.prepare(request)
-    client = hub.attach(
-        sess,
-        who,
-        WebSocketTransport(ws, request),
-        want_control=want_control,
-        may_control=may_control,
-        from_offset=call.query.from_,
-    )
-    client.task = asyncio.create_task(client.run(), name=f"ws-writer-{client.id}")
+    # Leased under the caller's credentials: revoking them ends this connection at once.
+    lease = svc.streams.open(who, "ws")
+    closing: list[asyncio.Task[bool]] = []
     try:
-        async for msg in ws:
-            if client.closed:
-                break
-            if msg.type == WSMsgType.BINARY:
-                hub.client_input(client, msg.data)
-            elif msg.type == WSMsgType.TEXT:
-                _control(hub, client, msg.data)
-            elif msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE, WSMsgType.CLOSING):
-                break
-    except (ConnectionError, RuntimeError) as exc:
-        log.debug("attach connection ended: %s", exc)
+        await ws.prepare(request)
+        client = hub.attach(
+            sess,
+            who,
+            WebSocketTransport(ws, request),
+            want_control=want_control,
+            may_control=may_control,
+            from_offset=call.query.from_,
+        )
+
+        def revoked(reason: str) -> None:
+            # Synchronously: from here on nothing this client sends is applied.
+            client.close_reason = f"credential revoked: {reason}"
+            hub.detach(client)
+            closing.append(
+                asyncio.create_task(
+                    ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"credential revoked")
+                )
+            )
+
+        lease.on_revoke(revoked)
+        client.task = asyncio.create_task(client.run(), name=f"ws-writer-{client.id}")
+        try:
+            async for msg in ws:
+                if client.closed:
+                    break
+                if msg.type == WSMsgType.BINARY:
+                    hub.client_input(client, msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    _control(hub, client, msg.data)
+                elif msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE, WSMsgType.CLOSING):
+                    break
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("attach connection ended: %s", exc)
+        finally:
+            hub.detach(client)
+            client.closed = True
+            client.wake.set()
+            if client.task is not None and not client.task.done():
+                client.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await client.task
     finally:
-        hub.detach(client)
-        client.closed = True
-        client.wake.set()
-        if client.task is not None and not client.task.done():
-            client.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await client.task
+        lease.release()
+        for task in closing:
+            with contextlib.suppress(Exception):
+                await task
     return ws
 
 

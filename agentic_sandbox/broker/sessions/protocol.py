@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from agentic_sandbox.broker.http.body import decode_json
+
 SUBPROTOCOL = "sandbox.pty.v1"
 ROLE_CONTROLLER = "controller"
 ROLE_OBSERVER = "observer"
@@ -79,8 +81,8 @@ def parse_client_text(text: str) -> AnyClientMessage:
             "frame-too-large", f"control messages are at most {MAX_CONTROL_BYTES} bytes"
         )
     try:
-        obj: Any = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        obj: Any = decode_json(text)
+    except ValueError as exc:
         raise ProtocolError("bad-json", f"control message is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad-message", "a control message is a JSON object with a `type`")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +23,9 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
+
+from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,21 @@ def _private_sqlite_file(path: Path) -> None:
                 os.chmod(f, 0o600)
 
 
+class _Session(Session):
+    """Remembers (in `info["wrote"]`) whether the transaction wrote anything."""
+
+
+@event.listens_for(_Session, "after_flush")
+def _flushed(session: Session, _flush: UOWTransaction) -> None:
+    session.info["wrote"] = True
+
+
+@event.listens_for(_Session, "do_orm_execute")
+def _executed(state: ORMExecuteState) -> None:
+    if state.is_insert or state.is_update or state.is_delete:
+        state.session.info["wrote"] = True
+
+
 class Database:
     """One async engine plus a session factory. `async with db.session() as s:` commits on exit."""
 
@@ -73,12 +92,35 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
-        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions = async_sessionmaker(
+            self.engine, expire_on_commit=False, sync_session_class=_Session
+        )
+        # Monotonic times of the last committed write, and of the last write that failed for
+        # lack of storage (with what failed): readiness compares them (store/health.py).
+        self.last_write_ok = 0.0
+        self.last_storage_failure: tuple[float, StorageFailure] | None = None
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
-        async with self.sessions() as s, s.begin():
-            yield s
+        try:
+            async with self.sessions() as s:
+                async with s.begin():
+                    yield s
+                if s.info.pop("wrote", False):
+                    self.last_write_ok = time.monotonic()
+        except Exception as exc:
+            failure = storage_failure(exc)
+            if failure is not None:
+                self.last_storage_failure = (time.monotonic(), failure)
+                log.error("a database write failed: %s", failure.message)
+            raise
+
+    async def probe_write(self) -> None:
+        """A real committed write that changes nothing: alembic_version's one row rewritten
+        with its own value (it still needs space, on SQLite and PostgreSQL alike)."""
+        async with self.session() as s:
+            await s.execute(text("UPDATE alembic_version SET version_num = version_num"))
+            s.info["wrote"] = True
 
     async def ping(self) -> None:
         async with self.engine.connect() as conn:

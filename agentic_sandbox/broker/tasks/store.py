@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agentic_sandbox.broker.http.body import decode_json
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks.errors import InvalidTaskInput
@@ -79,12 +80,12 @@ def encode_cursor(updated_at: dt.datetime, task_id: str) -> str:
 def decode_cursor(token: str) -> tuple[dt.datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        when, task_id = json.loads(raw)
+        when, task_id = decode_json(raw)  # a client's token: untrusted JSON
         stamp = dt.datetime.fromisoformat(when)
         if not isinstance(task_id, str) or stamp.tzinfo is None:
             raise ValueError("bad cursor")
         return stamp, task_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, TypeError, binascii.Error):
         raise InvalidTaskInput(
             "pageToken is not a token this server handed out", field="pageToken"
         ) from None

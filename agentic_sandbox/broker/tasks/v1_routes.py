@@ -7,9 +7,7 @@ the pending bound is refused with 429 + Retry-After instead of a rejected task.
 
 from __future__ import annotations
 
-import asyncio
 import calendar
-import contextlib
 import datetime as dt
 import email.utils
 import json
@@ -23,6 +21,7 @@ from agentic_sandbox.broker.auth.principal import Role
 from agentic_sandbox.broker.http.problems import ProblemError, not_found, too_many, unprocessable
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
+from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.tasks.errors import (
     IdempotencyConflict,
@@ -42,7 +41,6 @@ api = ApiRoutes()
 
 PREFIX = "/api/v1/tasks"
 DEPRECATED_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-KEEPALIVE_SECONDS = 15.0
 
 
 class V1TaskSubmit(Input):
@@ -258,17 +256,14 @@ async def task_logs(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     except TaskNotFound:
         raise not_found("task", task_id) from None
     _successor(call, stream.snapshot.instance_id)
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await resp.prepare(call.request)
+    try:
+        out = await EventStream.open(call.request, call.require_principal(), retry_ms=None)
+    except BaseException:
+        stream.close()
+        raise
 
     async def send(event: str, data: dict[str, Any]) -> None:
-        await resp.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+        await out.send(json.dumps(data), event=event)
 
     try:
         snap = stream.snapshot
@@ -276,15 +271,7 @@ async def task_logs(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
         if text:
             await send("output", {"text": text})
         await send("state", {"state": snap.state.value})
-        events = stream.events().__aiter__()
-        while True:
-            try:
-                ev = await asyncio.wait_for(events.__anext__(), KEEPALIVE_SECONDS)
-            except TimeoutError:
-                await resp.write(b": keepalive\n\n")
-                continue
-            except StopAsyncIteration:
-                break
+        async for ev in out.follow(stream.events()):
             if "artifactUpdate" in ev:
                 for part in ev["artifactUpdate"]["artifact"]["parts"]:
                     if part.get("text"):
@@ -296,15 +283,19 @@ async def task_logs(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
                 await send(
                     "state", {"state": TaskState.from_wire(ev["task"]["status"]["state"]).value}
                 )
-        final = await tasks.get(task_id, caller)
-        await send("end", {"state": final.state.value, "exit_code": final.metadata.get("exitCode")})
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+        if out.revoked:
+            await send("revoked", {"reason": out.reason})
+        else:
+            final = await tasks.get(task_id, caller)
+            await send(
+                "end", {"state": final.state.value, "exit_code": final.metadata.get("exitCode")}
+            )
+    except ConnectionError:
+        pass  # the client left
     finally:
+        await out.close()
         stream.close()
-        with contextlib.suppress(Exception):
-            await resp.write_eof()
-    return resp
+    return out.response
 
 
 __all__ = ["api", "on_prepare"]

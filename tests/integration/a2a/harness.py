@@ -10,9 +10,7 @@ a worker thread so the test's event loop (SSE readers, push receivers) keeps run
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,19 +84,7 @@ class ServerProc:
         return str(r.json()["key"])
 
     def set_instance_spec(self, instance_id: str, **spec: Any) -> None:
-        """Put skills / a task runner on an instance record (until loadouts carry them; the
-        server reads the record again within two seconds)."""
-        db = sqlite3.connect(self.data_dir / "sandbox.db", timeout=10)
-        try:
-            row = db.execute("SELECT spec FROM instances WHERE id = ?", (instance_id,)).fetchone()
-            merged = {**json.loads(row[0]), **spec}
-            db.execute(
-                "UPDATE instances SET spec = ?, version = version + 1 WHERE id = ?",
-                (json.dumps(merged), instance_id),
-            )
-            db.commit()
-        finally:
-            db.close()
+        self.proc.set_instance_spec(instance_id, **spec)
 
 
 @dataclass
