@@ -8,7 +8,8 @@ Run when a host connects (fleet start, host added, libvirtd came back):
   above decides);
 * known instances take the state libvirt reports (events only for real changes);
 * files in the host's instance store that belong to no domain are removed (never while the fleet
-  is making or removing that domain), and half-written saved states too;
+  is making or removing that domain), and frozen disks of deleted or half-written saved states
+  once no image is backed by them;
 * saved states found in the host's state store are loaded.
 
 Domains without the prefix or the metadata are someone else's and are left alone.
@@ -136,6 +137,7 @@ class ReconcileOps(FleetBase):
         _, storage = h.require()
         lost_domains = {e.record.domain for e in self.entries.values() if e.record.host == h.name}
         busy = {d for (host, d) in self.inflight if host == h.name}
+        busy_states = self.busy_states()
 
         def sweep() -> list[str]:
             removed = []
@@ -147,16 +149,8 @@ class ReconcileOps(FleetBase):
                     continue
                 if storage.delete(storage.path("instances", n)):
                     removed.append(n)
-            names = set(storage.list_names("states"))
-            for n in names:
-                stem, _, ext = n.rpartition(".")
-                if (
-                    ext == "qcow2"
-                    and f"{stem}.save" not in names
-                    and not any(stem == s for s in self.state_locks)
-                ):
-                    storage.delete(storage.path("states", n))
-                    removed.append(n)
+            # frozen disks of deleted or half-written states, once nothing is backed by them
+            removed.extend(storage.collect_frozen_disks(busy_states))
             return removed
 
         removed = await h.run(sweep)

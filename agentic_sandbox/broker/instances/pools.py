@@ -140,11 +140,11 @@ async def remove(comp: FleetComponent, key: str) -> bool:
     pool = pools.get(key)
     if pool is None:
         return False
-    await comp.fleet.configure_pool(key, pool["state_id"], 0)
-    try:
-        await comp.fleet.delete_state(pool["state_id"])
-    except FleetError as exc:
-        log.warning("the state of pool %s is kept: %s", key, exc)
+    # Its members go; instances taken from it keep running on the golden state's frozen disk,
+    # which the fleet removes with the last of them (the memory image goes now). A failure
+    # keeps the pool's row, so the removal can be retried.
+    await comp.fleet.remove_pool(key)
+    await comp.fleet.delete_state(pool["state_id"])
     async with comp.svc.db.session() as s:
         row = await s.get(m.KeyValue, KV_PREFIX + key)
         if row is not None:

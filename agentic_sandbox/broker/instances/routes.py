@@ -474,20 +474,23 @@ async def delete_instance(call: Call[NoBody, NoQuery]) -> None:
         svc.events.publish("instance.deleted", actor=who.actor, owner=row.owner, instance_id=row.id)
         return
     comp = fleet_of(call.request)
+    async with svc.db.session() as s:
+        snaps = (await s.scalars(select(m.Snapshot).where(m.Snapshot.instance_id == row.id))).all()
     try:
+        # Its snapshots' memory states first: their images go now, their frozen disks with the
+        # last clone backed by them (the fleet keeps that count). A failure keeps everything.
+        for snap in snaps:
+            state_id = (snap.detail or {}).get("state_id")
+            if state_id:
+                await comp.fleet.delete_state(state_id)
         await comp.fleet.delete(row.id)
     except FleetError as exc:
         raise fleet_problem(exc) from None
     async with svc.db.session() as s:
-        snaps = (await s.scalars(select(m.Snapshot).where(m.Snapshot.instance_id == row.id))).all()
         for snap in snaps:
-            state_id = (snap.detail or {}).get("state_id")
-            if state_id:
-                try:
-                    await comp.fleet.delete_state(state_id)
-                except FleetError:
-                    pass  # still backing a clone: kept until that clone goes
-            await s.delete(snap)
+            live = await s.get(m.Snapshot, snap.id)
+            if live is not None:
+                await s.delete(live)
         fresh = await s.get(m.Instance, row.id)
         if fresh is not None:
             before = fresh.state
@@ -640,9 +643,9 @@ async def revert_snapshot(call: Call[NoBody, NoQuery]) -> InstanceOut:
 @api.delete(
     "/api/v2/admin/instances/{instance_id}/snapshots/{name}",
     role=Role.operator,
-    summary="Delete a snapshot",
+    summary="Delete a snapshot (clones made from it keep running; its frozen disk goes with "
+    "the last of them)",
     tag="snapshots",
-    responses={409: "a clone still runs on this snapshot's memory state"},
 )
 async def delete_snapshot(call: Call[NoBody, NoQuery]) -> None:
     comp = fleet_of(call.request)
@@ -1199,6 +1202,10 @@ async def delete_pool(call: Call[NoBody, NoQuery]) -> None:
     comp = fleet_of(call.request)
     who = call.require_principal()
     key = call.match["key"]
-    if not await pools.remove(comp, key):
+    try:
+        removed = await pools.remove(comp, key)
+    except FleetError as exc:
+        raise fleet_problem(exc) from None
+    if not removed:
         raise not_found("pool", key)
     services(call.request).audit.record(who.actor, "pool.remove", "pool", key)
