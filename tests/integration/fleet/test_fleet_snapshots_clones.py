@@ -79,8 +79,7 @@ def everything(env: Env) -> set[str]:
     """Every file under the fleet's data directory, and every volume of its storage pools
     (the test driver keeps overlays and frozen disks as volumes without files)."""
     out = {
-        str(p.relative_to(env.root)) + ("/" if p.is_dir() else "")
-        for p in env.data.rglob("*")
+        str(p.relative_to(env.root)) + ("/" if p.is_dir() else "") for p in env.data.rglob("*")
     } | {"fleet/"}
     st = env.fleet.hosts["h1"].storage
     assert st is not None
