@@ -321,11 +321,24 @@ def resolve_image(comp: FleetComponent, name: str) -> Any:
     except Exception:
         cached = None
     if cached is None:
+        from agentic_sandbox.images import list_recipes
+
+        errors = [{"field": "body.image", "message": "unknown image", "type": "value"}]
+        if name in list_recipes():  # a recipe that is not built yet: say how to build it
+            raise ProblemError(
+                422,
+                f"body.image: recipe {name!r} is not built yet; build it first with "
+                f"`sandboxctl image build {name}` "
+                f'(POST /api/v2/admin/images {{"recipe": "{name}"}})',
+                code="image-not-built",
+                errors=errors,
+                extra={"recipe": name},
+            )
         raise ProblemError(
             422,
-            f"body.image: no image or built recipe named {name!r} "
-            f'(build it first: POST /api/v2/admin/images {{"recipe": "{name}"}})',
-            errors=[{"field": "body.image", "message": "unknown image", "type": "value"}],
+            f"body.image: no image or recipe named {name!r} (`sandboxctl image list` shows "
+            "the images)",
+            errors=errors,
         )
     return cached
 
