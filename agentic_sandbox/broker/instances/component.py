@@ -124,6 +124,7 @@ class FleetComponent:
             self.svc.readiness["libvirt"] = disabled
             return
         self.svc.readiness["libvirt"] = self._ready
+        await asyncio.to_thread(self.provisioner.prepare)
         try:  # a guest must never boot with an agent that cannot start
             await self.provisioner.check_bundle()
         except ProvisionError as exc:
