@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.e2e import forget_pools
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
 
@@ -71,6 +72,7 @@ def server() -> Iterator[ServerProcess]:
         for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", "e2e-pooled"):
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
         srv.stop()
+        forget_pools(data / "data")  # libvirt keeps pool definitions after their directory
         shutil.rmtree(data, ignore_errors=True)
         leftovers = domains_named("e2e-")
         assert leftovers == [], f"domains left behind: {leftovers}"
@@ -336,6 +338,7 @@ def test_provision_vm_sh_without_a_server() -> None:
             [script, "e2e-direct", "--delete", *common], capture_output=True, text=True, timeout=120
         )
         leftovers = list((data / "fleet" / "instances").glob("*e2e-direct*"))
+        forget_pools(data)
         shutil.rmtree(data, ignore_errors=True)
     assert gone.returncode == 0, gone.stderr
     assert domains_named("e2e-direct") == []
