@@ -51,6 +51,22 @@ def domains_named(fragment: str) -> list[str]:
     return [n for n in res.stdout.split() if fragment in n]
 
 
+def domains_under(data_dir: Path) -> list[str]:
+    """The libvirt domains whose disks lie under `data_dir` (one server's or fleet's own; other
+    runs on the same libvirtd have theirs)."""
+    res = subprocess.run(
+        ["virsh", "-c", URI, "list", "--all", "--name"], capture_output=True, text=True, timeout=30
+    )
+    found = []
+    for name in res.stdout.split():
+        xml = subprocess.run(
+            ["virsh", "-c", URI, "dumpxml", name], capture_output=True, text=True, timeout=30
+        ).stdout
+        if f"{data_dir}/" in xml:
+            found.append(name)
+    return found
+
+
 def pools_of(data_dir: Path) -> list[str]:
     """The libvirt storage pools whose directory lies under `data_dir`."""
     res = subprocess.run(

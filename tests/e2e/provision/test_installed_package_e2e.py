@@ -40,6 +40,7 @@ from tests.support.e2e import (
     REAL_SERVER_ENV,
     RECIPE,
     domains_named,
+    domains_under,
     forget_pools,
     listing,
     provision,
@@ -160,9 +161,10 @@ def installed() -> Iterator[Installed]:
             for iid in (GUEST, CRASH, *(f"{GUEST}-{x}" for x in ("b", "c1", "c2"))):
                 inst.server.api("DELETE", f"/api/v2/admin/instances/{iid}")
         inst.server.stop()
+        leftovers = domains_under(data)
         forget_pools(data)
         shutil.rmtree(root, ignore_errors=True)
-        assert domains_named(f"sbx-{NAME_PREFIX}pkg") == [], "domains left behind"
+        assert leftovers == [], f"domains left behind: {leftovers}"
 
 
 def test_console_scripts_run_from_outside_the_checkout(installed: Installed) -> None:
