@@ -15,6 +15,7 @@ enrollment timeout.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -65,9 +66,14 @@ def _bundle_files() -> list[tuple[str, Path]]:
 
 
 def build_bundle() -> bytes:
-    """A reproducible tar.gz of the agent's sources (same files → same bytes)."""
+    """A reproducible tar.gz of the agent's sources (same files → same bytes: every member's
+    mtime is 0, and so is the gzip header's, which `tarfile`'s "w:gz" would set to now — the
+    bundle's digest then changed every second and each provision checked it again)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         for name, path in _bundle_files():
             data = path.read_bytes()
             info = tarfile.TarInfo(name)
