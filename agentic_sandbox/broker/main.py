@@ -51,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sandbox-server: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
     command = args.command or "serve"
+    if command == "serve":  # gRPC's C core (and any native library) logs to fd 2 directly
+        from agentic_sandbox.broker.observability.native_log import route_native_stderr
+
+        route_native_stderr(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format)
 
     if command == "check-config":
         print(settings.model_dump_json(indent=2))

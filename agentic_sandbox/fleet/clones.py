@@ -177,22 +177,23 @@ class CloneOps(FleetBase):
         return sorted(self.saved_states.values(), key=lambda s: s.state_id)
 
     async def delete_state(self, state_id: str) -> None:
+        """Delete a saved state. Its memory image goes at once (nothing can be restored from it
+        any more); its frozen disk stays while instances restored from it (or frozen disks of
+        states captured from them) are backed by it, and is removed with the last of them.
+        Refused while a warm pool still keeps clones of it (drain the pool first)."""
         st = self.saved_states.get(state_id)
         if st is None:
             return
-        users = [
-            e.record.instance_id
-            for e in self.entries.values()
-            if e.record.origin == f"state:{state_id}"
-        ]
+        pools = getattr(self, "pools", {})
+        users = [k for k, slot in pools.items() if slot.state_id == state_id and slot.size > 0]
         if users:
-            raise Conflict(f"state {state_id} backs instances {users}; delete them first")
+            raise Conflict(f"state {state_id} backs warm pool(s) {users}; drain them first")
+        h = self.host(st.host)
         async with self.state_lock(state_id):
-            h = self.host(st.host)
             _, storage = h.require()
             await h.run(storage.delete, st.save_path)
-            await h.run(storage.delete, st.disk_path)
             self.saved_states.pop(state_id, None)
+        await self.collect_frozen_disks(h)
 
     async def clone_from_state(
         self,

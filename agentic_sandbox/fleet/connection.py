@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -22,7 +24,7 @@ import libvirt
 
 from .disks import HostStorage
 from .errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure, NotFound
-from .kvm_probe import AccelReport, probe_kvm
+from .kvm_probe import AccelReport, ProbeMemory, probe_key, probe_kvm
 from .models import Accel, FleetConfig, HostSpec
 from .ports import PortAllocator
 from .qemu_access import qemu_gid
@@ -41,7 +43,8 @@ _NOT_FOUND = {
     libvirt.VIR_ERR_NO_STORAGE_VOL,
     libvirt.VIR_ERR_NO_STORAGE_POOL,
 }
-_probe_cache: dict[str, AccelReport] = {}
+_probe_cache: dict[str, AccelReport] = {}  # this process's probes, by their key (JSON)
+PROBE_MEMORY_FILE = "kvm-probe.json"  # in the host's data directory
 
 LifecycleCallback = Callable[["HostConnection", str, str, int, int], None]
 
@@ -106,6 +109,8 @@ class HostConnection:
         self._closing = False
         self._cb_ids: list[int] = []
         self.connect_count = 0
+        self._reprobe_key: dict[str, Any] | None = None
+        self.reprobe_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ facts
 
@@ -174,6 +179,11 @@ class HostConnection:
         self.reachable = True
         self.reason = ""
         self.connect_count += 1
+        if self._reprobe_key is not None and (
+            self.reprobe_task is None or self.reprobe_task.done()
+        ):
+            self.reprobe_task = loop.create_task(self._reprobe(self._reprobe_key))
+        self._reprobe_key = None
 
     def _setup(self, conn: libvirt.virConnect) -> None:
         """Blocking part of connecting: callbacks, keepalive, storage, accelerator."""
@@ -209,12 +219,7 @@ class HostConnection:
         elif choice == "kvm":
             self.accel = AccelReport(Accel.KVM, "configured")
         elif self.files_local:
-            key = self.config.kvm_probe_kernel or ""
-            if key not in _probe_cache:
-                _probe_cache[key] = probe_kvm(
-                    self.config.kvm_probe_kernel, timeout=self.config.kvm_probe_timeout_s
-                )
-            self.accel = _probe_cache[key]
+            self.accel = self._local_accel()
         else:
             caps = conn.getDomainCapabilities(None, "x86_64", None, "kvm", 0)
             ok = "<domain>kvm</domain>" in caps
@@ -225,6 +230,57 @@ class HostConnection:
         self.domain_type = "kvm" if self.accel.accel is Accel.KVM else "qemu"
         if self.accel.accel is Accel.TCG:
             log.info("host %s: guests run under TCG (%s)", self.name, self.accel.reason)
+
+    def _probe_memory(self) -> ProbeMemory:
+        return ProbeMemory(os.path.join(self.data_dir, PROBE_MEMORY_FILE))
+
+    def _local_accel(self) -> AccelReport:
+        """Blocking: this process's probe, else the host's remembered answer (and a re-probe
+        in the background once connected), else a probe now (remembered for next time)."""
+        key = probe_key(self.config.kvm_probe_kernel)
+        memo = json.dumps(key, sort_keys=True)
+        if memo in _probe_cache:
+            return _probe_cache[memo]
+        memory = self._probe_memory()
+        remembered = memory.recall(key)
+        if remembered is not None:
+            self._reprobe_key = key
+            return remembered
+        report = probe_kvm(self.config.kvm_probe_kernel, timeout=self.config.kvm_probe_timeout_s)
+        _probe_cache[memo] = report
+        try:
+            memory.remember(key, report)
+        except OSError as e:
+            log.warning("host %s: cannot remember the KVM probe: %s", self.name, e)
+        return report
+
+    async def _reprobe(self, key: dict[str, Any]) -> None:
+        """Probe again (the answer in use was remembered); take the new answer."""
+        loop = asyncio.get_running_loop()
+        report = await loop.run_in_executor(
+            None,
+            functools.partial(
+                probe_kvm, self.config.kvm_probe_kernel, timeout=self.config.kvm_probe_timeout_s
+            ),
+        )
+        _probe_cache[json.dumps(key, sort_keys=True)] = report
+        try:
+            await loop.run_in_executor(None, self._probe_memory().remember, key, report)
+        except OSError as e:
+            log.warning("host %s: cannot remember the KVM probe: %s", self.name, e)
+        old = self.accel
+        self.accel = report
+        self.domain_type = "kvm" if report.accel is Accel.KVM else "qemu"
+        if old is not None and old.accel is not report.accel:
+            log.warning(
+                "host %s: the KVM probe now says %s (%s), not %s as remembered; guests made "
+                "from now on use %s",
+                self.name,
+                report.accel.value,
+                report.reason,
+                old.accel.value,
+                report.accel.value,
+            )
 
     def _teardown(self, conn: libvirt.virConnect) -> None:
         for cb in self._cb_ids:
@@ -303,6 +359,10 @@ class HostConnection:
 
     async def close(self) -> None:
         self._closing = True
+        if self.reprobe_task is not None:
+            self.reprobe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reprobe_task
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

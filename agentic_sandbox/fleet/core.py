@@ -182,5 +182,19 @@ class FleetBase:
     def state_lock(self, state_id: str) -> asyncio.Lock:
         return self.state_locks.setdefault(state_id, asyncio.Lock())
 
+    def busy_states(self) -> set[str]:
+        """States being captured, restored from or deleted right now."""
+        return {s for s, lock in self.state_locks.items() if lock.locked()}
+
+    async def collect_frozen_disks(self, h: HostConnection) -> list[str]:
+        """Remove the frozen disks of deleted states that nothing on ``h`` is backed by any
+        more (see `disks.HostStorage.collect_frozen_disks`)."""
+        if h.storage is None:
+            return []
+        removed = await h.run(h.storage.collect_frozen_disks, self.busy_states())
+        for name in removed:
+            log.info("host %s: removed %s (its state is deleted and nothing uses it)", h.name, name)
+        return removed
+
     async def reconcile_host(self, host: HostConnection) -> Any:  # provided by ReconcileOps
         raise NotImplementedError

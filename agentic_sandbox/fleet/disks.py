@@ -21,6 +21,13 @@ patching save-image headers. All methods here block: the fleet runs them in its 
 
 libvirt's test driver keeps volumes virtual; its pools here point at real directories so files
 the fleet writes itself (seeds, save images) exist, while overlays stay virtual.
+
+A saved state's frozen disk (``states/<state>.qcow2``) is the backing file of every overlay
+restored from it, and of the frozen disk of any state captured from such a clone. Deleting a
+state removes its memory image (``.save``) at once; the frozen disk stays while any qcow2 in
+the host's ``instances/`` or ``states/`` is backed by it — read from the images' own headers
+(or libvirt's volume XML where files are not local), so the count survives restarts — and
+`collect_frozen_disks` removes it with the last of them.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import contextlib
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import xml.etree.ElementTree as ET
+from collections.abc import Collection
 
 import libvirt
 
@@ -54,6 +63,26 @@ def _pool_xml(name: str, path: str) -> str:
     perms = ET.SubElement(target, "permissions")
     ET.SubElement(perms, "mode").text = "0755"
     return ET.tostring(pool, encoding="unicode")
+
+
+_QCOW2_MAGIC = b"QFI\xfb"
+
+
+def qcow2_backing(path: str) -> str | None:
+    """The backing file a local qcow2 image names in its header (absolute), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+            if len(head) < 20 or head[:4] != _QCOW2_MAGIC:
+                return None
+            offset, size = struct.unpack(">QI", head[8:20])
+            if not offset or not size or size > 4096:
+                return None
+            f.seek(offset)
+            name = f.read(size).decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(path), name))
 
 
 def _no_such(err: libvirt.libvirtError) -> bool:
@@ -232,10 +261,13 @@ class HostStorage:
             raise
         return str(vol.path())
 
-    def _virtual_volume(self, kind: str, name: str, size: int) -> None:
+    def _virtual_volume(self, kind: str, name: str, size: int, backing: str | None = None) -> None:
         el = ET.Element("volume")
         ET.SubElement(el, "name").text = name
         ET.SubElement(el, "capacity", {"unit": "bytes"}).text = str(size)
+        if backing:
+            bs = ET.SubElement(el, "backingStore")
+            ET.SubElement(bs, "path").text = backing
         with contextlib.suppress(libvirt.libvirtError):
             self._pools[kind].storageVolLookupByName(name).delete(0)
         self._pools[kind].createXML(ET.tostring(el, encoding="unicode"), 0)
@@ -320,7 +352,7 @@ class HostStorage:
         if svol is None:
             raise NotFound(f"no volume {src}")
         if self.virtual:  # the test driver's volumes have no content to copy
-            self._virtual_volume(kind, name, int(svol.info()[1]))
+            self._virtual_volume(kind, name, int(svol.info()[1]), self.backing_of(src))
             return dest
         data = self.read_range(src, 0, None)
         vol_el = ET.Element("volume")
@@ -364,12 +396,56 @@ class HostStorage:
         if self.files_local or self.virtual:
             with contextlib.suppress(FileNotFoundError):
                 names.update(n for n in os.listdir(self.dirs[kind]) if not n.endswith(".part"))
-        if not self.files_local:
+        if not self.files_local or self.virtual:  # the test driver keeps volumes virtual
             pool = self._pools[kind]
             with contextlib.suppress(libvirt.libvirtError):
                 pool.refresh(0)
             names.update(pool.listVolumes())
         return sorted(names)
+
+    def backing_of(self, path: str) -> str | None:
+        """The backing file of a qcow2 image on this host, or None."""
+        if self.files_local and not self.virtual:
+            return qcow2_backing(path)
+        vol = self._vol(path)
+        if vol is None:
+            return None
+        try:
+            root = ET.fromstring(vol.XMLDesc(0))
+        except libvirt.libvirtError as e:
+            if _no_such(e):
+                return None
+            raise
+        return root.findtext("backingStore/path") or None
+
+    def collect_frozen_disks(self, busy: Collection[str] = ()) -> list[str]:
+        """Remove the frozen disks of deleted states (a ``.qcow2`` in ``states/`` without its
+        ``.save``) that no image on this host is backed by any more, chains included (a frozen
+        disk of a clone's state keeps its parent's). ``busy``: states being captured now.
+        Returns the names removed."""
+        removed: list[str] = []
+        while True:
+            names = set(self.list_names("states"))
+            orphans = {
+                n: self.path("states", n)
+                for n in names
+                if n.endswith(".qcow2")
+                and n[: -len(".qcow2")] + ".save" not in names
+                and n[: -len(".qcow2")] not in busy
+            }
+            if not orphans:
+                return removed
+            used = {
+                self.backing_of(self.path(kind, n))
+                for kind in ("instances", "states")
+                for n in self.list_names(kind)
+                if n.endswith(".qcow2")
+            }
+            free = [n for n, path in orphans.items() if path not in used]
+            gone = [n for n in free if self.delete(self.path("states", n))]
+            if not gone:
+                return removed
+            removed.extend(gone)
 
     def serial_logs(self, domain: str) -> list[str]:
         prefix = f"{domain}.serial.log"

@@ -5,15 +5,25 @@ The probe boots a Linux kernel with no root file system (``panic=-1``, ``-no-reb
 prints its banner and panics within a second or two under KVM and then QEMU exits. Seeing the
 kernel reach its panic (or any later marker) means KVM works; a timeout, an error or no output
 means it does not, and the fleet uses TCG (domain type ``qemu``) instead, saying why.
+
+Booting that kernel takes up to the probe's timeout (8 s where KVM hangs), so the answer is
+remembered per host (`ProbeMemory`, a JSON file in the host's data directory) under what it
+depends on (`probe_key`): the running kernel, the QEMU binary's version, the probe kernel, and
+``/dev/kvm``'s identity (device numbers, inode, mode, owner, times — a reboot, a module reload
+or a permission change makes a new one). A start whose key matches uses the remembered answer
+at once and probes again in the background; see ``connection.HostConnection``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from .models import Accel
 
@@ -25,6 +35,8 @@ class AccelReport:
     accel: Accel
     reason: str
     seconds: float = 0.0
+    probed_at: float = 0.0  # time.time() of the probe (0: not probed)
+    remembered: bool = False  # taken from the host's probe memory, not probed by this process
 
 
 def find_probe_kernel() -> str | None:
@@ -74,6 +86,11 @@ def probe_kvm(
         "console=ttyS0 panic=-1 loglevel=4",
     ]
     start = time.monotonic()
+    report = _boot(argv, accel, timeout, qemu, start)
+    return replace(report, probed_at=time.time())
+
+
+def _boot(argv: list[str], accel: str, timeout: float, qemu: str, start: float) -> AccelReport:
     try:
         proc = subprocess.run(
             argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
@@ -98,3 +115,84 @@ def probe_kvm(
     err = proc.stderr.decode(errors="replace").strip().splitlines()
     why = err[-1] if err else f"QEMU exited {proc.returncode} without kernel output"
     return AccelReport(Accel.TCG, f"KVM unusable: {why}", elapsed)
+
+
+def _dev_kvm() -> dict[str, Any] | None:
+    try:
+        st = os.stat("/dev/kvm")
+    except OSError:
+        return None
+    return {
+        "rdev": [os.major(st.st_rdev), os.minor(st.st_rdev)],
+        "ino": st.st_ino,
+        "mode": st.st_mode,
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "rw": os.access("/dev/kvm", os.R_OK | os.W_OK),
+    }
+
+
+def _qemu_version(qemu: str) -> str:
+    try:
+        out = subprocess.run(
+            [qemu, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable: {e}"
+    return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+
+def probe_key(kernel: str | None = None, qemu: str = "qemu-system-x86_64") -> dict[str, Any]:
+    """What the probe's answer depends on (blocking: runs ``qemu --version``)."""
+    probe_kernel = kernel or find_probe_kernel()
+    kernel_stat = None
+    if probe_kernel is not None:
+        with contextlib.suppress(OSError):
+            st = os.stat(probe_kernel)
+            kernel_stat = [st.st_size, st.st_mtime_ns]
+    u = os.uname()
+    return {
+        "host_kernel": f"{u.release} {u.version}",
+        "qemu": _qemu_version(qemu),
+        "probe_kernel": [probe_kernel, kernel_stat],
+        "dev_kvm": _dev_kvm(),
+    }
+
+
+class ProbeMemory:
+    """The last probe's answer for one host, kept in a JSON file with the key it was made
+    under; recalled only for the same key."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def recall(self, key: dict[str, Any]) -> AccelReport | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+            if doc.get("key") != key:
+                return None
+            r = doc["report"]
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(r.get("probed_at", 0))))
+            return AccelReport(
+                Accel(r["accel"]),
+                f"{r['reason']} (remembered from the probe of {when}; probing again)",
+                float(r.get("seconds", 0.0)),
+                float(r.get("probed_at", 0.0)),
+                remembered=True,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def remember(self, key: dict[str, Any], report: AccelReport) -> None:
+        if report.remembered:
+            return  # only fresh answers
+        entry = asdict(report)
+        entry["accel"] = report.accel.value
+        tmp = f"{self.path}.part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "report": entry}, f, indent=2)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.path)

@@ -507,6 +507,8 @@ class LifecycleOps(FleetBase):
                 self.inflight.discard((h.name, e.record.domain))
             h.ports.release(e.record.ssh_port)
             del self.entries[instance_id]
+        # a deleted state's frozen disk goes with the last instance backed by it
+        await self.collect_frozen_disks(h)
         self.emit(
             FleetEventKind.INSTANCE_DELETED,
             host=e.record.host,

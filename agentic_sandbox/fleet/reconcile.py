@@ -3,12 +3,14 @@
 Run when a host connects (fleet start, host added, libvirtd came back):
 
 * a fleet domain (name ``sbx-…`` with the fleet's ``<metadata>``) the index does not know is
-  adopted;
+  adopted — when its disk is in this fleet's data directory: fleets with other data
+  directories on the same libvirtd (another server, a test run) keep their own;
 * an indexed instance whose domain is gone is marked ``lost`` (kept until deleted, so the layer
   above decides);
 * known instances take the state libvirt reports (events only for real changes);
 * files in the host's instance store that belong to no domain are removed (never while the fleet
-  is making or removing that domain), and half-written saved states too;
+  is making or removing that domain), and frozen disks of deleted or half-written saved states
+  once no image is backed by them;
 * saved states found in the host's state store are loaded.
 
 Domains without the prefix or the metadata are someone else's and are left alone.
@@ -25,10 +27,17 @@ import libvirt
 from .clones import read_save_header, state_from_xml
 from .connection import HostConnection
 from .core import Entry, FleetBase
+from .disks import HostStorage
 from .domain_xml import parse_record
 from .errors import FleetError
 from .events import state_from_domain
-from .models import DOMAIN_PREFIX, FleetEventKind, InstanceState, ReconcileReport
+from .models import (
+    DOMAIN_PREFIX,
+    FleetEventKind,
+    InstanceRecord,
+    InstanceState,
+    ReconcileReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,14 @@ def scan_domains(conn: libvirt.virConnect) -> list[DomainScan]:
     return out
 
 
+def owns(storage: HostStorage, rec: InstanceRecord) -> bool:
+    """Whether a fleet domain is this fleet's: its disk lives in this fleet's data directory.
+    Fleets with other data directories (another server, a test run, provision-vm.sh with
+    --data-dir) may share the libvirtd; their domains are theirs to adopt, change and delete."""
+    inst_dir = storage.dirs.get("instances", "").rstrip("/") + "/"
+    return any(p and p.startswith(inst_dir) for p in (rec.overlay, rec.serial_log))
+
+
 class ReconcileOps(FleetBase):
     async def reconcile(self, host: str | None = None) -> list[ReconcileReport]:
         names = [host] if host else list(self.hosts)
@@ -66,7 +83,7 @@ class ReconcileOps(FleetBase):
         return reports
 
     async def reconcile_host(self, h: HostConnection) -> ReconcileReport:
-        conn, _ = h.require()
+        conn, storage = h.require()
         scans = await h.run(scan_domains, conn)
         report = ReconcileReport(host=h.name)
         seen: set[str] = set()
@@ -80,8 +97,8 @@ class ReconcileOps(FleetBase):
             except Exception as err:  # corrupt metadata: not ours to touch
                 log.warning("host %s: domain %s has unreadable metadata: %s", h.name, s.name, err)
                 rec = None
-            if rec is None:
-                report.foreign.append(s.name)
+            if rec is None or not owns(storage, rec):
+                report.foreign.append(s.name)  # not a fleet's, or another data directory's
                 continue
             rec = rec.model_copy(update={"host": h.name, "domain": s.name})
             state = state_from_domain(s.state, s.reason)
@@ -136,6 +153,7 @@ class ReconcileOps(FleetBase):
         _, storage = h.require()
         lost_domains = {e.record.domain for e in self.entries.values() if e.record.host == h.name}
         busy = {d for (host, d) in self.inflight if host == h.name}
+        busy_states = self.busy_states()
 
         def sweep() -> list[str]:
             removed = []
@@ -147,16 +165,8 @@ class ReconcileOps(FleetBase):
                     continue
                 if storage.delete(storage.path("instances", n)):
                     removed.append(n)
-            names = set(storage.list_names("states"))
-            for n in names:
-                stem, _, ext = n.rpartition(".")
-                if (
-                    ext == "qcow2"
-                    and f"{stem}.save" not in names
-                    and not any(stem == s for s in self.state_locks)
-                ):
-                    storage.delete(storage.path("states", n))
-                    removed.append(n)
+            # frozen disks of deleted or half-written states, once nothing is backed by them
+            removed.extend(storage.collect_frozen_disks(busy_states))
             return removed
 
         removed = await h.run(sweep)

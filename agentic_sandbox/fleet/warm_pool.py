@@ -244,17 +244,25 @@ class WarmPoolOps(FleetBase):
 
     async def drain_pools(self) -> None:
         """Delete every pooled instance and forget the pools."""
-        for slot in list(self._pools().values()):
-            slot.size = 0
-            if slot.refill is not None:
-                slot.refill.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await slot.refill
-            members = set(slot.ready) | {
-                e.record.instance_id for e in self.entries.values() if e.record.pool == slot.key
-            }
-            for member in sorted(members):
-                with contextlib.suppress(FleetError):
-                    await self.delete(member)  # type: ignore[attr-defined]
-            slot.ready.clear()
-        self._pools().clear()
+        for key in list(self._pools()):
+            await self.remove_pool(key)
+
+    async def remove_pool(self, key: str) -> None:
+        """Delete the pool's members and forget it (instances taken from it are not members:
+        they stay). Removing an unknown pool succeeds."""
+        slot = self._pools().get(key)
+        if slot is None:
+            return
+        slot.size = 0
+        if slot.refill is not None:
+            slot.refill.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await slot.refill
+        members = set(slot.ready) | {
+            e.record.instance_id for e in self.entries.values() if e.record.pool == slot.key
+        }
+        for member in sorted(members):
+            with contextlib.suppress(FleetError):
+                await self.delete(member)  # type: ignore[attr-defined]
+        slot.ready.clear()
+        self._pools().pop(key, None)

@@ -66,9 +66,10 @@ def _bundle_files() -> list[tuple[str, Path]]:
 
 
 def build_bundle() -> bytes:
-    """A reproducible tar.gz of the agent's sources (same files → same bytes)."""
+    """A reproducible tar.gz of the agent's sources (same files → same bytes: every member's
+    mtime is 0, and so is the gzip header's, which `tarfile`'s "w:gz" would set to now — the
+    bundle's digest then changed every second and each provision checked it again)."""
     buf = io.BytesIO()
-    # gzip's header carries a time: 0, or the same files would make another bundle each second
     with (
         gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w") as tar,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from agentic_sandbox.provision.agent_console import AGENT_IDENTIFIER
 from agentic_sandbox.provision.loadouts import Loadout
 
 AGENT_HOME = "/opt/agentic-sandbox"
@@ -134,9 +135,12 @@ Environment=PYTHONDONTWRITEBYTECODE=1
 ExecStart={python} -m agentic_sandbox.agent --config {AGENT_CONFIG}
 Restart=on-failure
 RestartSec=2
-# Its log also goes to the serial console, where the server reads it when enrolment stalls.
+# Its log also goes to the serial console, under its own name: the server watches it while
+# the agent enrolls (an agent that dies at start fails the provision at once) and shows its
+# tail when enrolment stalls.
 StandardOutput=journal+console
 StandardError=journal+console
+SyslogIdentifier={AGENT_IDENTIFIER}
 
 [Install]
 WantedBy=multi-user.target

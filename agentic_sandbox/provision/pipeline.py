@@ -28,11 +28,14 @@ from agentic_sandbox.fleet import (
     FleetError,
     Instance,
     InstanceSpec,
+    InstanceState,
     KernelBoot,
+    NotFound,
     Resources,
     observe_stages,
 )
 from agentic_sandbox.images import BuiltImage
+from agentic_sandbox.provision.agent_console import AgentConsoleWatch
 from agentic_sandbox.provision.bundle import AgentBundle, BundleError
 from agentic_sandbox.provision.cloudinit import (
     AgentBootstrap,
@@ -191,6 +194,17 @@ class Provisioner:
         self._diagnose = diagnose
         self.bundles = AgentBundle()
         self._bundle: bytes | None = None
+        self.console_poll_seconds = 1.0  # how often `enrolling` reads the guest's console
+
+    @property
+    def seed_dir(self) -> Path:
+        """Where seeds are written before the fleet copies them next to their instance (each
+        is removed when its provision ends)."""
+        return self.work_dir / "seeds"
+
+    def prepare(self) -> None:
+        """Make the work directories once, at start: a provision leaves none behind."""
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- inputs ------------------------------------------------------------------------------
     def bundle(self) -> bytes:
@@ -294,7 +308,7 @@ class Provisioner:
     ) -> ProvisionResult:
         clock = StageClock(listener)
         started = time.monotonic()
-        seed_path = self.work_dir / "seeds" / f"{req.instance_id}.iso"
+        seed_path = self.seed_dir / f"{req.instance_id}.iso"
         made: Instance | None = None
         granted = False
         try:
@@ -324,16 +338,7 @@ class Provisioner:
                 made = await self._make(req, seed_path, agent_port)
             if req.start and req.wait_ready and enroller is not None:
                 clock.begin("enrolling")
-                try:
-                    async with asyncio.timeout(req.ready_timeout):
-                        await enroller.wait_ready(req.instance_id, req.incarnation)
-                except TimeoutError:
-                    why = await self._why_not_enrolled(made)
-                    raise ProvisionError(
-                        "enrolling",
-                        f"the agent did not enroll within {req.ready_timeout:.0f}s",
-                        why,
-                    ) from None
+                await self._wait_enrolled(req, made, enroller)
             clock.begin("ready")
             clock.finish()
             return ProvisionResult(
@@ -417,14 +422,64 @@ class Provisioner:
         )
         return await self.fleet.create(spec, start=req.start)
 
-    async def _why_not_enrolled(self, inst: Instance) -> str:
-        parts: list[str] = []
+    async def _wait_enrolled(
+        self, req: ProvisionRequest, inst: Instance, enroller: Enroller
+    ) -> None:
+        """Wait for the agent to enroll while reading the guest's serial console: an agent that
+        dies at start (see `agent_console`) fails the provision at once with its last words,
+        instead of at the enrolment timeout."""
+        ready = asyncio.ensure_future(enroller.wait_ready(req.instance_id, req.incarnation))
+        watch = AgentConsoleWatch()
+        offset = 0
+        try:
+            async with asyncio.timeout(req.ready_timeout):
+                while True:
+                    done, _ = await asyncio.wait({ready}, timeout=self.console_poll_seconds)
+                    if ready in done:
+                        ready.result()
+                        return
+                    await self._check_still_running(inst.instance_id)
+                    try:
+                        data = await self.fleet.read_serial_log(inst.instance_id, offset)
+                    except FleetError as exc:  # the console is a hint; keep waiting
+                        log.debug("reading %s's console: %s", inst.instance_id, exc)
+                        continue
+                    offset += len(data)
+                    crash = watch.feed(data)
+                    if crash is not None:
+                        raise ProvisionError(
+                            "enrolling", crash.cause(), await self._console_tail(inst)
+                        )
+        except TimeoutError:
+            why = await self._why_not_enrolled(inst)
+            raise ProvisionError(
+                "enrolling", f"the agent did not enroll within {req.ready_timeout:.0f}s", why
+            ) from None
+        finally:
+            ready.cancel()
+
+    async def _check_still_running(self, instance_id: str) -> None:
+        """The VM itself went away (powered off, undefined behind the fleet's back) while its
+        agent was to enroll: no point waiting for the timeout."""
+        try:
+            now = await self.fleet.get(instance_id)
+        except NotFound:
+            raise ProvisionError("enrolling", "the instance vanished while enrolling") from None
+        if now.state in (InstanceState.SHUTOFF, InstanceState.LOST):
+            why = f" ({now.state_reason})" if now.state_reason else ""
+            raise ProvisionError(
+                "enrolling", f"the VM is {now.state.value}{why} while its agent was enrolling"
+            )
+
+    async def _console_tail(self, inst: Instance) -> str:
         try:
             log_bytes = await self.fleet.read_serial_log(inst.instance_id)
-            tail = log_bytes[-4000:].decode("utf-8", "replace")
-            parts.append("serial console (tail):\n" + tail)
         except Exception as exc:  # diagnostics must not mask the real failure
-            parts.append(f"serial console unavailable: {exc}")
+            return f"serial console unavailable: {exc}"
+        return "serial console (tail):\n" + log_bytes[-4000:].decode("utf-8", "replace")
+
+    async def _why_not_enrolled(self, inst: Instance) -> str:
+        parts = [await self._console_tail(inst)]
         if self._diagnose is not None:
             try:
                 parts.append(str(await self._diagnose(inst)))

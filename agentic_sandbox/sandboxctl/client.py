@@ -34,9 +34,12 @@ _STATUS_EXIT = {
 
 
 class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+    def __init__(
+        self, message: str, code: int = EXIT_ERROR, problem: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.problem = problem or {}  # the server's problem document, when it sent one
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,23 @@ class Target:
     token: str | None
 
 
-def _problem_message(status: int, body: bytes) -> str:
+def _problem(status: int, body: bytes) -> tuple[str, dict[str, Any]]:
+    """The message for a refusal, and the problem document (empty if it was none)."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return f"HTTP {status}: {body[:200].decode(errors='replace')}"
+        return f"HTTP {status}: {body[:200].decode(errors='replace')}", {}
+    if not isinstance(doc, dict):
+        return f"HTTP {status}", {}
     detail = doc.get("detail") or doc.get("title") or f"HTTP {status}"
     errors = doc.get("errors") or []
     extra = "".join(f"\n  {e.get('field')}: {e.get('message')}" for e in errors[1:])
-    return f"{detail}{extra}"
+    return f"{detail}{extra}", doc
+
+
+def _refusal(status: int, body: bytes) -> CliError:
+    message, doc = _problem(status, body)
+    return CliError(message, _STATUS_EXIT.get(status, 1), doc)
 
 
 class Api:
@@ -91,9 +102,7 @@ class Api:
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
-                    raise CliError(
-                        _problem_message(resp.status, body), _STATUS_EXIT.get(resp.status, 1)
-                    )
+                    raise _refusal(resp.status, body)
                 if resp.status == 204 or not body:
                     return None
                 if resp.content_type.endswith("json"):
@@ -126,10 +135,7 @@ class Api:
         url = self.target.url.rstrip("/") + path
         async with self.session.get(url, params=params, headers=headers) as resp:
             if resp.status >= 400:
-                body = await resp.read()
-                raise CliError(
-                    _problem_message(resp.status, body), _STATUS_EXIT.get(resp.status, 1)
-                )
+                raise _refusal(resp.status, await resp.read())
             data: list[str] = []
             async for raw in resp.content:
                 line = raw.decode().rstrip("\n")

@@ -15,9 +15,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from agentic_sandbox.sandboxctl.client import EXIT_OK, EXIT_USAGE, Api, CliError, Target
+from agentic_sandbox.sandboxctl.client import (
+    EXIT_AUTH,
+    EXIT_OK,
+    EXIT_USAGE,
+    Api,
+    CliError,
+    Target,
+)
 from agentic_sandbox.sandboxctl.contexts import Contexts, config_path, resolve_target
-from agentic_sandbox.sandboxctl.output import emit, err
+from agentic_sandbox.sandboxctl.output import emit, err, progress
 
 Handler = Callable[[Api, argparse.Namespace], Awaitable[int | None]]
 
@@ -180,34 +187,72 @@ async def instance_create(api: Api, a: argparse.Namespace) -> int:
         body["resources"] = res
     if a.ssh_key:
         body["ssh_keys"] = [Path(p).expanduser().read_text().strip() for p in a.ssh_key]
-    op = await api.post("/api/v2/admin/instances", body)
+    try:
+        op = await api.post("/api/v2/admin/instances", body)
+    except CliError as exc:
+        recipe = exc.problem.get("recipe") if exc.problem.get("code") == "image-not-built" else None
+        if recipe is None or a.no_build:
+            raise
+        await build_first(api, str(recipe), exc)
+        op = await api.post("/api/v2/admin/instances", body)
     if a.no_wait:
         emit(op, a.output)
         return EXIT_OK
     return await follow_operation(api, op, a.output)
 
 
-async def follow_operation(api: Api, op: dict[str, Any], fmt: str) -> int:
-    """Poll an operation to its end, drawing its stages as a progress line."""
-    shown = ""
-    while True:
-        if op["state"] in ("succeeded", "failed", "canceled"):
-            break
-        line = (
-            f"{op['kind']} {op['subject_id']}: {op.get('stage') or op['state']} "
-            f"[{'#' * int(op.get('progress', 0) * 20):<20}]"
-        )
-        if sys.stderr.isatty() and line != shown:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-            shown = line
-        await asyncio.sleep(0.5)
-        op = await api.get(f"/api/v2/admin/operations/{op['id']}")
-    if shown:
-        print(file=sys.stderr)
-    emit(op, fmt)
+async def build_first(api: Api, recipe: str, refusal: CliError) -> None:
+    """A create on a server that has not built its image yet: build it (what `image build`
+    does, with the same progress line), then the create goes on."""
+    print(
+        f"image {recipe} is not built yet: building it first (`sandboxctl image build {recipe}`;"
+        " ~90 s the first time, cached after)",
+        file=sys.stderr,
+    )
+    try:
+        op = await api.post("/api/v2/admin/images", {"recipe": recipe})
+    except CliError as exc:
+        if exc.code == EXIT_AUTH:
+            raise CliError(
+                f"{refusal}\nbuilding an image needs the admin role: ask an admin to run "
+                f"`sandboxctl image build {recipe}`",
+                EXIT_AUTH,
+            ) from None
+        raise
+    await follow_operation(api, op, "table", show=False)
+    print(f"image {recipe} is built", file=sys.stderr)
+
+
+def _table_view(op: dict[str, Any]) -> dict[str, Any]:
+    """An operation for a table: long diagnostics become a pointer to the full output."""
+    error = op.get("error")
+    if not isinstance(error, dict) or not error.get("diagnostics"):
+        return op
+    lines = str(error["diagnostics"]).count("\n") + 1
+    brief = {**error, "diagnostics": f"{lines} lines (shown with -o yaml or -o json)"}
+    return {**op, "error": brief}
+
+
+async def follow_operation(api: Api, op: dict[str, Any], fmt: str, *, show: bool = True) -> int:
+    """Poll an operation to its end with a progress line on stderr, then print it. A failed or
+    canceled one also prints its stage and cause on stderr and exits non-zero."""
+    with progress(f"{op['kind']} {op['subject_id']}") as update:
+        while op["state"] not in ("succeeded", "failed", "canceled"):
+            update(op.get("stage") or op["state"], float(op.get("progress") or 0.0))
+            await asyncio.sleep(0.5)
+            op = await api.get(f"/api/v2/admin/operations/{op['id']}")
+        if op["state"] == "succeeded":
+            update("done", 1.0)
+    if show or op["state"] != "succeeded":
+        emit(_table_view(op) if fmt == "table" else op, fmt)
     if op["state"] != "succeeded":
         error = op.get("error") or {}
-        raise CliError(f"{op['kind']} failed at stage {error.get('stage')}: {error.get('cause')}")
+        what = "was canceled" if op["state"] == "canceled" else "failed"
+        stage = error.get("stage") or op.get("stage")
+        raise CliError(
+            f"{op['kind']} {op['subject_id']} {what} at stage {stage}: "
+            f"{error.get('cause') or op['state']}"
+        )
     return EXIT_OK
 
 
@@ -453,6 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--disk", type=int, help="GiB")
     v.add_argument("--ssh-key", action="append", help="public key file (repeatable)")
     v.add_argument("--no-wait", action="store_true", help="return the operation at once")
+    v.add_argument(
+        "--no-build",
+        action="store_true",
+        help="fail instead of building the image first when it is not built yet",
+    )
     for name in ("start", "stop", "restart", "force-off", "suspend", "resume"):
         verb(g, name, instance_action, f"{name} an instance").add_argument("id")
     verb(g, "delete", instance_delete, "delete an instance and its disks").add_argument("id")

@@ -6,7 +6,8 @@
     server.kill9(); server.start()   # same ports, same data dir: a crash and a restart
     server.stop()
 
-libvirt is disabled (SANDBOX_LIBVIRT_URI=""). Logs go to `<data_dir>/server.log`.
+libvirt is disabled (SANDBOX_LIBVIRT_URI=""). Logs go to `<data_dir>/server.log`. `argv` and
+`cwd` run another command in another directory (an installed console script, a copied tree).
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         *,
         wrapper: list[str] | None = None,
+        argv: list[str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.wrapper = list(wrapper or [])  # a command the server runs under (e.g. unshare)
+        self.argv = argv or [sys.executable, "-m", "agentic_sandbox.broker.main", "serve"]
+        self.cwd = cwd or ROOT
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -112,8 +117,8 @@ class ServerProcess:
         log.write(f"\n---- start {self.starts} ----\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [*self.wrapper, sys.executable, "-m", "agentic_sandbox.broker.main", "serve"],
-            cwd=ROOT,
+            [*self.wrapper, *self.argv],
+            cwd=self.cwd,
             env=self.environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -138,6 +143,22 @@ class ServerProcess:
             time.sleep(0.05)
         self.admin_token = (self.data_dir / "admin-token").read_text().strip()
         return self
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        """Poll `/readyz` until it answers 200 (database and fleet ready); the seconds waited."""
+        started = time.monotonic()
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=5) as r:
+                    if r.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"sandbox-server exited:\n{self.log_tail()}")
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"sandbox-server not ready after {timeout:.0f}s")
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

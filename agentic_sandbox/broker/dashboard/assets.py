@@ -11,6 +11,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agentic_sandbox.broker.http.middleware import SESSION_COOKIE
+from agentic_sandbox.broker.http.routing import PRINCIPAL_KEY
+
 STATIC_DIR = Path(__file__).with_name("static")
 VENDOR_DIR = Path(__file__).with_name("vendor")
 
@@ -30,13 +33,25 @@ def missing_assets(vendor_dir: Path = VENDOR_DIR) -> list[str]:
     return [name for name in VENDORED_FILES if not (vendor_dir / name).is_file()]
 
 
-async def index(_request: web.Request) -> web.FileResponse:
-    # Content-Type up front: FileResponse sets it only while preparing, after the security
-    # middleware has looked for text/html to add the CSP.
-    return web.FileResponse(
-        STATIC_DIR / "index.html",
-        headers={"Cache-Control": "no-cache", "Content-Type": "text/html; charset=utf-8"},
+INDEX_KEY: web.AppKey[str] = web.AppKey("dashboard_index", str)
+SESSION_MARK = '<meta name="sandbox-session" content="signed-out">'
+
+
+async def index(request: web.Request) -> web.Response:
+    """The page, saying whether this browser's session cookie is valid (the auth middleware
+    has resolved it), so that a signed-out page shows its form without asking the API — an
+    anonymous probe on every load would be a refusal, audited and shown as `auth.denied`. A
+    cookie that no longer signs anyone in is cleared."""
+    signed_in = request.get(PRINCIPAL_KEY) is not None
+    page = request.app[INDEX_KEY]
+    if signed_in:
+        page = page.replace(SESSION_MARK, SESSION_MARK.replace("signed-out", "signed-in"), 1)
+    resp = web.Response(
+        text=page, content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-cache"}
     )
+    if not signed_in and SESSION_COOKIE in request.cookies:
+        resp.del_cookie(SESSION_COOKIE, path="/")
+    return resp
 
 
 def install_dashboard(app: web.Application, vendor_dir: Path = VENDOR_DIR) -> None:
@@ -46,6 +61,10 @@ def install_dashboard(app: web.Application, vendor_dir: Path = VENDOR_DIR) -> No
             f"dashboard assets missing in {vendor_dir}: {', '.join(missing)} — run "
             "scripts/install.sh (npm ci, then copies them) before starting or building a wheel"
         )
+    page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    if SESSION_MARK not in page:
+        raise DashboardAssetsMissing(f"{STATIC_DIR / 'index.html'} lacks {SESSION_MARK}")
+    app[INDEX_KEY] = page
     app.router.add_get("/", index, name="dashboard")
     app.router.add_static("/static/", STATIC_DIR, name="dashboard-static")
     app.router.add_static("/vendor/", vendor_dir, name="dashboard-vendor")

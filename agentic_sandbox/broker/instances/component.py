@@ -26,6 +26,7 @@ from agentic_sandbox.fleet import (
     EgressPolicy,
     Fleet,
     FleetConfig,
+    FleetError,
     FleetEvent,
     HostSpec,
     InstanceRecord,
@@ -125,6 +126,7 @@ class FleetComponent:
             await self._recover_interrupted_provisions()
             return
         self.svc.readiness["libvirt"] = self._ready
+        await asyncio.to_thread(self.provisioner.prepare)
         try:  # a guest must never boot with an agent that cannot start
             await self.provisioner.check_bundle()
         except ProvisionError as exc:
@@ -150,6 +152,26 @@ class FleetComponent:
         from agentic_sandbox.broker.instances import pools
 
         await pools.restore_pools(self)
+        await self._delete_unowned_states()
+
+    async def _delete_unowned_states(self) -> None:
+        """Saved states that no snapshot or pool refers to (a crash between making one and
+        recording it, or an older version that dropped the row) are deleted like any other:
+        the memory image now, the frozen disk with the last instance backed by it."""
+        from agentic_sandbox.broker.instances import pools
+
+        async with self.svc.db.session() as sess:
+            details = (await sess.scalars(select(m.Snapshot.detail))).all()
+        owned = {str(d["state_id"]) for d in details if d and d.get("state_id")}
+        owned |= {str(p.get("state_id")) for p in await pools.saved_pools(self)}
+        for st in await self.fleet.list_states():
+            if st.state_id in owned:
+                continue
+            try:
+                await self.fleet.delete_state(st.state_id)
+                log.warning("deleted saved state %s: no snapshot or pool refers to it", st.state_id)
+            except FleetError as exc:
+                log.warning("saved state %s refers to nothing but stays: %s", st.state_id, exc)
 
     async def _recover_interrupted_provisions(self) -> None:
         """Provisions the server was running when it stopped (a kill -9, a crash) cannot be

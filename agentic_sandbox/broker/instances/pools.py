@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -74,7 +75,8 @@ async def prepare(
     size: int,
 ) -> dict[str, Any]:
     key = pool_key(image.name, loadout.name, network.value)
-    golden = f"golden-{key.removeprefix('pool-')}"
+    # a name of this preparation's own: servers sharing a libvirtd prepare the same pool keys
+    golden = f"golden-{key.removeprefix('pool-')}-{secrets.token_hex(3)}"
     state_id = f"{key}-{image.name[-12:]}"
     settings = comp.svc.settings
     states = {s.state_id for s in await comp.fleet.list_states()}
@@ -93,7 +95,16 @@ async def prepare(
         try:
             await comp.provisioner.provision(req, None)
             progress.stage("settling")
-            await _wait_marker(comp, golden, settings.provision_ready_timeout_seconds)
+            limit = settings.provision_ready_timeout_seconds
+            try:
+                await _wait_marker(comp, golden, limit)
+            except TimeoutError:
+                tail = (await comp.fleet.read_serial_log(golden))[-4000:]
+                raise OperationFailed(
+                    "settling",
+                    f"the golden VM's cloud-init did not finish within {limit:.0f}s",
+                    {"diagnostics": "serial console (tail):\n" + tail.decode("utf-8", "replace")},
+                ) from None
             await asyncio.sleep(2.0)  # let the agent start and settle into waiting
             progress.stage("saving")
             await comp.fleet.capture_state(golden, state_id)
@@ -140,11 +151,11 @@ async def remove(comp: FleetComponent, key: str) -> bool:
     pool = pools.get(key)
     if pool is None:
         return False
-    await comp.fleet.configure_pool(key, pool["state_id"], 0)
-    try:
-        await comp.fleet.delete_state(pool["state_id"])
-    except FleetError as exc:
-        log.warning("the state of pool %s is kept: %s", key, exc)
+    # Its members go; instances taken from it keep running on the golden state's frozen disk,
+    # which the fleet removes with the last of them (the memory image goes now). A failure
+    # keeps the pool's row, so the removal can be retried.
+    await comp.fleet.remove_pool(key)
+    await comp.fleet.delete_state(pool["state_id"])
     async with comp.svc.db.session() as s:
         row = await s.get(m.KeyValue, KV_PREFIX + key)
         if row is not None:

@@ -327,11 +327,24 @@ def resolve_image(comp: FleetComponent, name: str) -> Any:
     except Exception:
         cached = None
     if cached is None:
+        from agentic_sandbox.images import list_recipes
+
+        errors = [{"field": "body.image", "message": "unknown image", "type": "value"}]
+        if name in list_recipes():  # a recipe that is not built yet: say how to build it
+            raise ProblemError(
+                422,
+                f"body.image: recipe {name!r} is not built yet; build it first with "
+                f"`sandboxctl image build {name}` "
+                f'(POST /api/v2/admin/images {{"recipe": "{name}"}})',
+                code="image-not-built",
+                errors=errors,
+                extra={"recipe": name},
+            )
         raise ProblemError(
             422,
-            f"body.image: no image or built recipe named {name!r} "
-            f'(build it first: POST /api/v2/admin/images {{"recipe": "{name}"}})',
-            errors=[{"field": "body.image", "message": "unknown image", "type": "value"}],
+            f"body.image: no image or recipe named {name!r} (`sandboxctl image list` shows "
+            "the images)",
+            errors=errors,
         )
     return cached
 
@@ -468,22 +481,26 @@ async def delete_instance(call: Call[NoBody, NoQuery]) -> None:
     require_owner_or_admin(who, row)
     if not is_host_agent(row):  # a host agent has no VM: only its record and credentials
         comp = fleet_of(call.request)
-        try:
-            await comp.fleet.delete(row.id)
-        except FleetError as exc:
-            raise fleet_problem(exc) from None
         async with svc.db.session() as s:
             snaps = (
                 await s.scalars(select(m.Snapshot).where(m.Snapshot.instance_id == row.id))
             ).all()
+        try:
+            # Its snapshots' memory states first: their images go now, their frozen disks with
+            # the last clone backed by them (the fleet keeps that count). A failure keeps
+            # everything.
             for snap in snaps:
                 state_id = (snap.detail or {}).get("state_id")
                 if state_id:
-                    try:
-                        await comp.fleet.delete_state(state_id)
-                    except FleetError:
-                        pass  # still backing a clone: kept until that clone goes
-                await s.delete(snap)
+                    await comp.fleet.delete_state(state_id)
+            await comp.fleet.delete(row.id)
+        except FleetError as exc:
+            raise fleet_problem(exc) from None
+        async with svc.db.session() as s:
+            for snap in snaps:
+                live = await s.get(m.Snapshot, snap.id)
+                if live is not None:
+                    await s.delete(live)
     await end_instance(svc, row.id, actor=who.actor, reason=f"deleted by {who.actor}")
 
 
@@ -650,9 +667,9 @@ async def revert_snapshot(call: Call[NoBody, NoQuery]) -> InstanceOut:
 @api.delete(
     "/api/v2/admin/instances/{instance_id}/snapshots/{name}",
     role=Role.operator,
-    summary="Delete a snapshot",
+    summary="Delete a snapshot (clones made from it keep running; its frozen disk goes with "
+    "the last of them)",
     tag="snapshots",
-    responses={409: "a clone still runs on this snapshot's memory state"},
 )
 async def delete_snapshot(call: Call[NoBody, NoQuery]) -> None:
     comp = fleet_of(call.request)
@@ -1209,6 +1226,10 @@ async def delete_pool(call: Call[NoBody, NoQuery]) -> None:
     comp = fleet_of(call.request)
     who = call.require_principal()
     key = call.match["key"]
-    if not await pools.remove(comp, key):
+    try:
+        removed = await pools.remove(comp, key)
+    except FleetError as exc:
+        raise fleet_problem(exc) from None
+    if not removed:
         raise not_found("pool", key)
     services(call.request).audit.record(who.actor, "pool.remove", "pool", key)

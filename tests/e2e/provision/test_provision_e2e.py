@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.e2e import NAME_PREFIX, domains_under, forget_pools
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
 
@@ -69,11 +70,12 @@ def server() -> Iterator[ServerProcess]:
     try:
         yield srv
     finally:
-        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", "e2e-pooled"):
+        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", f"{NAME_PREFIX}pooled"):
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
         srv.stop()
+        leftovers = domains_under(data)  # this server's, not other runs' on the same libvirtd
+        forget_pools(data / "data")  # libvirt keeps pool definitions after their directory
         shutil.rmtree(data, ignore_errors=True)
-        leftovers = domains_named("e2e-")
         assert leftovers == [], f"domains left behind: {leftovers}"
 
 
@@ -355,6 +357,7 @@ def test_provision_vm_sh_without_a_server() -> None:
             [script, "e2e-direct", "--delete", *common], capture_output=True, text=True, timeout=120
         )
         leftovers = list((data / "fleet" / "instances").glob("*e2e-direct*"))
+        forget_pools(data)
         shutil.rmtree(data, ignore_errors=True)
     assert gone.returncode == 0, gone.stderr
     assert domains_named("e2e-direct") == []
@@ -362,6 +365,8 @@ def test_provision_vm_sh_without_a_server() -> None:
 
 
 def test_warm_pool_hand_off(server: ServerProcess) -> None:
+    pooled = f"{NAME_PREFIX}pooled"
+    states = server.data_dir / "fleet" / "states"
     status, op = server.api(
         "POST", "/api/v2/admin/pools", {"image": RECIPE, "loadout": "minimal", "size": 1}
     )
@@ -375,13 +380,24 @@ def test_warm_pool_hand_off(server: ServerProcess) -> None:
             break
         assert time.monotonic() < deadline, pools
         time.sleep(1)
+    key = pools[0]["key"]
+
+    def golden() -> set[str]:  # the pool's state: <key>-<image>.save and .qcow2
+        return {p.name.rpartition(".")[2] for p in states.iterdir() if p.name.startswith(key)}
+
+    assert golden() == {"save", "qcow2"}, golden()
     started = time.monotonic()
-    op = provision(server, {"id": "e2e-pooled", "image": RECIPE, "from_pool": True}, timeout=120)
+    op = provision(server, {"id": pooled, "image": RECIPE, "from_pool": True}, timeout=120)
     elapsed = time.monotonic() - started
     assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     print(f"warm-pool create to agent ready: {elapsed:.1f}s: {op['stages']}")
-    ident = guest_identity(server, "e2e-pooled")
-    assert ident["HOST"] == "e2e-pooled"
-    server.ok("DELETE", "/api/v2/admin/instances/e2e-pooled")
-    server.ok("DELETE", f"/api/v2/admin/pools/{pools[0]['key']}")
+    ident = guest_identity(server, pooled)
+    assert ident["HOST"] == pooled
+    # the pool goes while an instance taken from it still runs: its golden memory image goes
+    # at once, the frozen disk the instance runs on stays until that instance is deleted
+    server.ok("DELETE", f"/api/v2/admin/pools/{key}")
     assert server.ok("GET", "/api/v2/admin/pools")["items"] == []
+    assert golden() == {"qcow2"}, golden()
+    assert server.ok("GET", f"/api/v2/admin/agents/{pooled}")["state"] == "connected"
+    server.ok("DELETE", f"/api/v2/admin/instances/{pooled}")
+    assert golden() == set(), "the golden state's frozen disk was stranded"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import node_uri, wait_for
@@ -38,15 +39,16 @@ async def test_domain_removed_behind_the_fleets_back_is_lost(env: Env) -> None:
     assert env.instance_files() == [] and env.volumes() == []
 
 
-def ghost_xml(env: Env, iid: str, name: str | None = None) -> str:
+def ghost_xml(env: Env, iid: str, name: str | None = None, data_dir: Path | None = None) -> str:
     name = name or f"sbx-{iid}"
+    instances = (data_dir or env.data) / "instances"
     rec = InstanceRecord(
         instance_id=iid,
         domain=name,
         host="h1",
         image="img",
-        overlay=str(env.data / "instances" / f"{name}.qcow2"),
-        serial_log=str(env.data / "instances" / f"{name}.serial.log"),
+        overlay=str(instances / f"{name}.qcow2"),
+        serial_log=str(instances / f"{name}.serial.log"),
         ssh_port=42999,
         memory_mib=128,
     )
@@ -89,6 +91,22 @@ async def test_unknown_fleet_domain_is_adopted_foreign_ones_ignored(env: Env) ->
     assert (await f.get("ghost")).state is InstanceState.RUNNING
     await f.delete("ghost")
     assert "someone-else" in env.domains()  # never touched
+
+
+async def test_another_data_directorys_domains_are_never_adopted(env: Env) -> None:
+    """Two fleets (a server and a test run, say) share one libvirtd: each adopts only the
+    domains whose disks are in its own data directory, so neither deletes the other's VMs."""
+    f = env.fleet
+    conn = f.hosts["h1"].conn
+    assert conn is not None
+    conn.defineXML(ghost_xml(env, "theirs", data_dir=env.root / "another-server"))
+    conn.defineXML(ghost_xml(env, "ours"))
+    await wait_for(lambda: "ours" in f.entries, what="adoption of our own domain")
+    (report,) = await f.reconcile("h1")
+    assert "sbx-theirs" in report.foreign and "theirs" not in f.entries
+    assert 42999 in f.hosts["h1"].ports.in_use()  # claimed by ours only
+    await f.delete("ours")
+    assert "sbx-theirs" in env.domains()
 
 
 async def test_orphan_files_are_removed_others_kept(env: Env) -> None:

@@ -65,13 +65,103 @@ async def test_capture_and_clone_under_new_identities(env: Env) -> None:
     assert d1.UUIDString() != conn.lookupByName("sbx-c2").UUIDString()
     rec = parse_record(d1.XMLDesc(0))
     assert rec is not None and rec.instance_id == "c1" and rec.owner == "alice"
-    with pytest.raises(Conflict):
-        await f.delete_state("py-v1")  # clones still use it
     for iid in ("c1", "c2", "gold"):
         await f.delete(iid)
     await f.delete_state("py-v1")
     assert await f.list_states() == []
-    assert sorted((env.data / "states").iterdir()) == []
+    assert everything(env) == {"fleet/", "fleet/bases/", "fleet/bases/img", *POOL_DIRS}
+
+
+POOL_DIRS = ("fleet/instances/", "fleet/states/")
+
+
+def everything(env: Env) -> set[str]:
+    """Every file under the fleet's data directory, and every volume of its storage pools
+    (the test driver keeps overlays and frozen disks as volumes without files)."""
+    out = {
+        str(p.relative_to(env.root)) + ("/" if p.is_dir() else "") for p in env.data.rglob("*")
+    } | {"fleet/"}
+    st = env.fleet.hosts["h1"].storage
+    assert st is not None
+    for kind in ("instances", "states"):
+        out |= {f"fleet/{kind}/{n}" for n in st.pool(kind).listVolumes()}
+    return out
+
+
+def states_dir(env: Env) -> set[str]:
+    return {
+        n.removeprefix("fleet/states/")
+        for n in everything(env)
+        if n.startswith("fleet/states/") and n != "fleet/states/"
+    }
+
+
+@pytest.mark.parametrize("order", ["clones-first", "source-first"])
+async def test_deletes_leave_nothing_in_either_order(env: Env, order: str) -> None:
+    """A source with a memory snapshot (a saved state kept running, as the server takes one)
+    and two clones restored from it: deleting all three, in either order, and the snapshot's
+    state leaves the data directory and the pools as they were before the source was made.
+    The state's memory image goes at once; its frozen disk with the last clone backed by it."""
+    f = env.fleet
+    before = everything(env)
+    await f.create(InstanceSpec(instance_id="src", image="img"))
+    await f.capture_state("src", "src--s1", keep_running=True)
+    await f.create_snapshot("src", "s1")
+    for iid in ("c1", "c2"):
+        await f.clone_from_state("src--s1", CloneSpec(instance_id=iid))
+    assert {"src--s1.save", "src--s1.qcow2"} <= states_dir(env)
+    if order == "clones-first":
+        for iid in ("c1", "c2", "src"):
+            await f.delete(iid)
+        await f.delete_state("src--s1")
+    else:
+        await f.delete_state("src--s1")  # the source goes with its snapshot's state
+        await f.delete("src")
+        assert states_dir(env) == {"src--s1.qcow2"}, "the clones still run on the frozen disk"
+        assert await f.list_states() == []
+        await f.delete("c1")
+        assert states_dir(env) == {"src--s1.qcow2"}, "c2 still runs on it"
+        await f.delete("c2")
+    assert everything(env) == before
+
+
+async def test_frozen_disks_chained_through_a_clone_stay_while_used(env: Env) -> None:
+    """A clone's own snapshot is backed by its source's frozen disk: that disk stays while
+    anything restored from the clone's state runs, even after source, clone and both states
+    are deleted, and goes with the last user — also when found by reconciliation."""
+    f = env.fleet
+    before = everything(env)
+    await f.create(InstanceSpec(instance_id="src", image="img"))
+    await f.capture_state("src", "src--s1", keep_running=True)
+    await f.clone_from_state("src--s1", CloneSpec(instance_id="c1"))
+    await f.capture_state("c1", "c1--s2", keep_running=True)
+    await f.clone_from_state("c1--s2", CloneSpec(instance_id="d1"))
+    for step in ("src--s1", "src", "c1--s2", "c1"):
+        await (f.delete_state(step) if "--" in step else f.delete(step))
+    assert states_dir(env) == {"src--s1.qcow2", "c1--s2.qcow2"}
+    await f.reconcile()  # nothing in use is an orphan
+    assert states_dir(env) == {"src--s1.qcow2", "c1--s2.qcow2"}
+    await f.delete("d1")
+    assert everything(env) == before
+
+
+async def test_deleting_a_pools_state_while_its_instances_run(env: Env) -> None:
+    f = env.fleet
+    before = everything(env)
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "golden")
+    await f.delete("gold")
+    await f.configure_pool("p1", "golden", 1, wait=True)
+    with pytest.raises(Conflict):
+        await f.delete_state("golden")  # the pool still keeps clones of it
+    taken = await f.take_from_pool("p1", CloneSpec(instance_id="fast-1"))
+    assert taken is not None
+    await f.configure_pool("p1", "golden", 0)
+    await f.delete_state("golden")
+    assert states_dir(env) == {"golden.qcow2"}, "fast-1 runs on the frozen disk"
+    await f.delete("fast-1")
+    await f.drain_pools()
+    assert everything(env) == before
 
 
 async def test_clone_from_snapshot_needs_local_files(env: Env) -> None:

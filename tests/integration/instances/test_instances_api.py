@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agentic_sandbox.broker.instances import FleetComponent
 from tests.inproc import Running
 from tests.integration.instances.conftest import IMAGE
 
@@ -101,6 +102,53 @@ async def test_memory_snapshot_and_clone(fleet_server: Running) -> None:
     assert [s["name"] for s in listing["items"]] == ["s1"]
     status, _, _ = await r.call("POST", "/api/v2/admin/instances/src/snapshots/s1/revert")
     assert status == 200
+
+
+def fleet_files(r: Running) -> set[str]:
+    """Files and (test-driver) volumes in the fleet's instance and state stores."""
+    comp = r.svc.settings.data_dir / "fleet"
+    out = {
+        f"{p.parent.name}/{p.name}"
+        for kind in ("instances", "states")
+        for p in (comp / kind).iterdir()
+    }
+    fleet = next(c for c in r.server.components if isinstance(c, FleetComponent)).fleet
+    storage = fleet.hosts["local"].storage
+    assert storage is not None
+    for kind in ("instances", "states"):
+        out |= {f"{kind}/{n}" for n in storage.pool(kind).listVolumes()}
+    return out
+
+
+async def test_deleting_a_source_before_its_clones_leaves_nothing(fleet_server: Running) -> None:
+    """The snapshot's state is not left behind when its source goes first (it used to fail
+    while the clones ran, the error was ignored and the row dropped)."""
+    r = fleet_server
+    before = fleet_files(r)
+    assert (await create(r, {"id": "src2", "image": IMAGE, "wait_ready": False}))[
+        "state"
+    ] == "succeeded"
+    status, _, _ = await r.call(
+        "POST", "/api/v2/admin/instances/src2/snapshots", json={"name": "s1", "memory": True}
+    )
+    assert status == 201
+    for new in ("c-1", "c-2"):
+        status, op, _ = await r.call(
+            "POST",
+            "/api/v2/admin/instances/src2/clone",
+            json={"new_id": new, "snapshot": "s1", "wait_ready": False},
+        )
+        assert (await wait_op(r, op))["state"] == "succeeded"
+    assert {"states/src2--s1.save", "states/src2--s1.qcow2"} <= fleet_files(r)
+    status, _, _ = await r.call("DELETE", "/api/v2/admin/instances/src2")
+    assert status == 204
+    left = fleet_files(r) - before
+    assert "states/src2--s1.save" not in left, "the memory image goes with its snapshot"
+    assert "states/src2--s1.qcow2" in left, "the clones run on the frozen disk"
+    for new in ("c-1", "c-2"):
+        status, _, _ = await r.call("DELETE", f"/api/v2/admin/instances/{new}")
+        assert status == 204
+    assert fleet_files(r) == before
 
 
 async def test_bad_requests_name_the_problem(fleet_server: Running) -> None:

@@ -267,4 +267,11 @@ $("#logout").addEventListener("click", async () => {
   $("#login-error").textContent = "Signed out.";
 });
 
-showApp().catch(() => { $("#token").focus(); /* not signed in yet */ });
+// The server says in the page whether this browser's session cookie is valid: a page that is
+// not signed in shows the form without asking (an anonymous whoami on every load would be a
+// refusal the server audits and shows in the events panel).
+if (document.querySelector('meta[name="sandbox-session"]')?.content === "signed-in") {
+  showApp().catch(() => { $("#token").focus(); /* the session ended meanwhile */ });
+} else {
+  $("#token").focus();
+}
