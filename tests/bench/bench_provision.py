@@ -1,11 +1,15 @@
 """Benchmark: provisioning on real libvirtd + QEMU (TCG), through the server's API.
 
     .venv/bin/python tests/bench/bench_provision.py [--restarts N] [--snapshots N] [--pool N]
+        [--pool-age S] [--agent-restarts N]
 
 Measures the server's own start → ready (`/readyz`) the first time (the KVM probe boots a
 kernel) and on restarts (the probe's answer is remembered), image reuse (cached build),
-create → agent ready cold, from a memory snapshot and from the warm pool, with every stage's
-time (p50 over the runs). Prints a table and writes bench-results/provision.json. Needs root,
+create → agent ready cold, from a memory snapshot (the first clone right after the snapshot
+apart from later ones), a server restart with three guests running (→ ready, and ready →
+every agent reconnected), and from the warm pool (`--pool-age`: let each member wait first, as
+a pool is meant to be used), with every stage's time (p50 over the runs) and the load average
+at start and end. Prints a table and writes bench-results/provision.json. Needs root,
 libvirtd and the image cache of the test run ($SANDBOX_TEST_CACHE); builds the image there when
 it is missing. Every VM it makes is deleted.
 
@@ -39,6 +43,10 @@ CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test
 RECIPE = "debian-12-agent"
 # instance ids: bench-…, after $SANDBOX_TEST_NAME_PREFIX when set (runs sharing a libvirtd)
 P = os.environ.get("SANDBOX_TEST_NAME_PREFIX", "") + "bench-"
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
 
 
 def wait_op(srv: ServerProcess, op: dict[str, Any], limit: float) -> dict[str, Any]:
@@ -123,6 +131,8 @@ def measure_cold(b: Bench) -> None:
 
 
 def measure_from_snapshot(b: Bench) -> None:
+    """Clones from a memory snapshot: the first one right after the snapshot is taken (its
+    source is being restored and re-connecting at the same moment) apart from later ones."""
     b.srv.ok(
         "POST", f"/api/v2/admin/instances/{P}cold/snapshots", {"name": "golden", "memory": True}
     )
@@ -131,10 +141,57 @@ def measure_from_snapshot(b: Bench) -> None:
         iid = f"{P}snap-{i}"
         b.made.append(iid)
         snaps.append(create(b.srv, {"id": iid, "from_snapshot": f"{P}cold/golden"}, 180))
-        b.srv.ok("DELETE", f"/api/v2/admin/instances/{iid}")
-        b.made.remove(iid)
+        if i >= KEEP_CLONES:  # the first ones stay up for the restart measure
+            b.srv.ok("DELETE", f"/api/v2/admin/instances/{iid}")
+            b.made.remove(iid)
     if snaps:
-        b.results["from_snapshot"] = summarize(snaps)
+        b.results["from_snapshot_first"] = summarize(snaps[:1])
+    if len(snaps) > 1:
+        b.results["from_snapshot_later"] = summarize(snaps[1:])
+
+
+def measure_agents_after_restart(b: Bench) -> None:
+    """A server restart with guests running (the cold one and the kept clones): server
+    start → ready, and → every agent connected again (they come back through their guest
+    forwards, whose pipes the gateway answers with a TLS alert)."""
+    guests = [iid for iid in b.made if iid == f"{P}cold" or iid.startswith(f"{P}snap-")]
+    runs, ready_runs = [], []
+    for _ in range(b.args.agent_restarts):
+        for iid in guests:
+            wait_agent(b.srv, iid, 120)
+        b.srv.stop()
+        started = time.monotonic()
+        b.srv.start()
+        b.srv.wait_ready()
+        ready_at = time.monotonic()
+        for iid in guests:
+            wait_agent(b.srv, iid, 120, since=started)
+        done = time.monotonic()
+        ready_runs.append((ready_at - started, {}))
+        runs.append((done - ready_at, {}))
+    if runs:
+        b.results["agents_after_restart"] = {**summarize(runs), "guests": len(guests)}
+        b.results["restart_with_guests"] = summarize(ready_runs)
+
+
+def wait_agent(srv: ServerProcess, iid: str, limit: float, since: float | None = None) -> None:
+    """Until the instance's agent is connected (after `since`, a time.monotonic())."""
+    wall_since = None if since is None else time.time() - (time.monotonic() - since)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        status, agent = srv.api("GET", f"/api/v2/admin/agents/{iid}")
+        if status == 200 and agent.get("state") == "connected":
+            at = agent.get("connected_at")
+            if wall_since is None or (at and _ts(at) >= wall_since):
+                return
+        time.sleep(0.05)
+    raise SystemExit(f"the agent of {iid} did not connect within {limit}s")
+
+
+def _ts(value: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(value).timestamp()
 
 
 def measure_pool(b: Bench) -> None:
@@ -152,32 +209,40 @@ def measure_pool(b: Bench) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit("the pool did not refill")
             time.sleep(0.5)
+        if b.args.pool_age:  # a member that has waited (its forward's pipe sat idle)
+            time.sleep(b.args.pool_age)
         iid = f"{P}pool-{i}"
         b.made.append(iid)
         pooled.append(create(srv, {"id": iid, "image": RECIPE, "from_pool": True}, 180))
         srv.ok("DELETE", f"/api/v2/admin/instances/{iid}")
         b.made.remove(iid)
-    b.results["from_pool"] = summarize(pooled)
+    b.results["from_pool"] = {**summarize(pooled), "member_age_seconds": b.args.pool_age}
     for pool in srv.ok("GET", "/api/v2/admin/pools")["items"]:
         srv.ok("DELETE", f"/api/v2/admin/pools/{pool['key']}")
 
 
 # The measures in the order they run, and the table's rows: (key, what, target seconds).
+KEEP_CLONES = 2  # clones from the snapshot kept running for the restart measure
+
 MEASURES: list[Callable[[Bench], None]] = [
     measure_restarts,
     measure_images,
     measure_cold,
     measure_from_snapshot,
+    measure_agents_after_restart,
     measure_pool,
 ]
 ROWS: list[tuple[str, str, float | None]] = [
     ("server_first_start", "server first start → ready (KVM probe)", None),
-    ("server_restart", "server restart → ready", None),
+    ("server_restart", "server restart → ready", 2.0),
     ("image_build", "image build (or the cached one)", None),
     ("image_reuse", "image reuse", 2.0),
     ("cold", "cold create → agent ready", 60.0),
-    ("from_snapshot", "from a memory snapshot", 5.0),
-    ("from_pool", "from the warm pool", 1.5),
+    ("from_snapshot_first", "first clone right after a memory snapshot", 2.0),
+    ("from_snapshot_later", "later clones from the snapshot", 2.0),
+    ("restart_with_guests", "server restart → ready, guests running", 2.0),
+    ("agents_after_restart", "ready → every agent reconnected", 3.0),
+    ("from_pool", "from the warm pool", 1.0),
 ]
 
 
@@ -186,6 +251,12 @@ def main() -> int:
     ap.add_argument("--restarts", type=int, default=3, help="server restarts to time")
     ap.add_argument("--snapshots", type=int, default=3, help="clones from a memory snapshot")
     ap.add_argument("--pool", type=int, default=3, help="creates from the warm pool")
+    ap.add_argument(
+        "--pool-age", type=float, default=0.0, help="seconds a pool member waits before it is taken"
+    )
+    ap.add_argument(
+        "--agent-restarts", type=int, default=3, help="server restarts with guests running"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (libvirt qemu:///system)")
@@ -200,6 +271,7 @@ def main() -> int:
         },
     )
     (data / "data").chmod(0o755)
+    load_start = os.getloadavg()
     srv.start()
     b = Bench(srv, args)
     try:
@@ -217,7 +289,9 @@ def main() -> int:
         shutil.rmtree(data, ignore_errors=True)
 
     results = b.results
-    print(f"\n{'measure':<42}{'p50 s':>9}{'max s':>9}{'target s':>10}  stages (p50 s)")
+    results["load_average"] = {"start": load_start, "end": os.getloadavg()}
+    print(f"load average: start {fmt_load(load_start)}, end {fmt_load(os.getloadavg())}")
+    print(f"\n{'measure':<46}{'p50 s':>9}{'max s':>9}{'target s':>10}  stages (p50 s)")
     for key, what, tgt in ROWS:
         r = results.get(key)
         if r is None:
@@ -225,7 +299,7 @@ def main() -> int:
         p50 = r.get("p50_seconds", r.get("seconds"))
         mx = r.get("max_seconds", p50)
         stages = " ".join(f"{k}={v}" for k, v in r.get("stages_p50", {}).items())
-        print(f"{what:<42}{p50:>9.2f}{mx:>9.2f}{(f'{tgt:.1f}' if tgt else '-'):>10}  {stages}")
+        print(f"{what:<46}{p50:>9.2f}{mx:>9.2f}{(f'{tgt:.1f}' if tgt else '-'):>10}  {stages}")
     targets = {key: tgt for key, _, tgt in ROWS if tgt is not None}
     out = ROOT / "bench-results" / "provision.json"
     out.parent.mkdir(exist_ok=True)
