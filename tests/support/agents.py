@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.lifetime import die_with_parent
 from tests.support.server import ROOT, ServerProcess
 
 
@@ -110,6 +111,7 @@ class AgentProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         return self

@@ -25,6 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.support.lifetime import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -123,6 +125,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + timeout
