@@ -30,10 +30,14 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     ("grpc.enable_retries", 0),
-    # one connection attempt at a time, retried by the agent's own loop (not gRPC's backoff)
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    # One connection per channel, never a second one behind the agent's back: a guest's forward
+    # carries one connection at a time, so gRPC must not reconnect on its own (an RPC fails at
+    # the first failed attempt; the agent's loop makes a new channel). Each channel has
+    # subchannels of its own, so a new channel never inherits an old one's backoff.
+    ("grpc.initial_reconnect_backoff_ms", 120_000),
+    ("grpc.min_reconnect_backoff_ms", 120_000),
+    ("grpc.max_reconnect_backoff_ms", 120_000),
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

@@ -74,7 +74,8 @@ class GuestForward:
                         self.guests[-1].write(data)
             self.pipe = None
             writer.close()
-            await asyncio.sleep(self.reconnect)
+            if not self._stopping:
+                await asyncio.sleep(self.reconnect)
 
     async def _guest(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.guests.append(writer)
@@ -86,6 +87,20 @@ class GuestForward:
         finally:
             self.guests.remove(writer)
             writer.close()
+
+    def remake_pipe(self) -> None:
+        """Drop the host connection and make it again (what QEMU does after a memory restore,
+        or when its chardev reconnects): the guest's connection stays open, leading nowhere."""
+        fut = asyncio.run_coroutine_threadsafe(self._drop_pipe(), self._loop)
+        fut.result(10)
+
+    async def _drop_pipe(self) -> None:
+        made = self.pipes_made
+        if self.pipe is not None:
+            self.pipe.close()
+        async with asyncio.timeout(10):
+            while self.pipes_made == made:
+                await asyncio.sleep(0.01)
 
     def stop(self) -> None:
         fut = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)

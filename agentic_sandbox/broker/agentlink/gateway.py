@@ -13,9 +13,9 @@ the agent dials `link.agentic-sandbox.invalid` or `enroll.agentic-sandbox.invali
 listener as its proxy). The gateway treats each `CONNECT` as the start of a new guest
 connection — wherever it appears in the pipe — and gives it a fresh upstream connection to the
 gRPC listener the name asks for; whatever came before it (a stale connection's bytes) is
-dropped. When QEMU (re)connects a pipe, the gateway first sends a TLS fatal alert down it, so a
-guest connection that was open across a restore or a server restart fails at once instead of
-waiting for a timeout.
+dropped. When QEMU (re)connects a pipe, the gateway first sends an HTTP 503 down it (`RESET`),
+so a guest connection that was open across a restore or a server restart — mid-TLS or still
+waiting for its CONNECT's answer — fails at once instead of waiting for a timeout.
 
 Bytes pass through once in each direction (an asyncio protocol pair, flow-controlled both
 ways); the only per-chunk work on the hot path is one `bytes.find` for the next `CONNECT`.
@@ -36,8 +36,11 @@ log = logging.getLogger(__name__)
 MARKER = b"CONNECT "
 NAME_SUFFIX = b".agentic-sandbox.invalid"
 SERVICES = ("link", "enroll")
-#: A TLS fatal alert (handshake_failure): what a stale guest TLS connection reads next.
-TLS_ALERT = bytes((0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28))
+#: What a (re)made pipe sends first, and what a guest connection gets when its upstream ends:
+#: a complete HTTP error response. It ends whatever guest connection was left in the pipe — a
+#: pending CONNECT reads a 503 (an HTTP parser waits for a line end, so a bare TLS alert would
+#: leave it hanging), an established TLS stream reads a record of no valid type and fails.
+RESET = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
 MAX_REQUEST = 8 * 1024  # a CONNECT request with its headers
 MAX_PENDING = 256 * 1024  # guest bytes held while the upstream connects
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
@@ -111,7 +114,7 @@ class GuestPipe(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.peer = str(transport.get_extra_info("peername"))
         self.gateway.pipes.add(self)
-        self.transport.write(TLS_ALERT)  # whatever guest connection was open through it ends now
+        self.transport.write(RESET)  # whatever guest connection was open through it ends now
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gateway.pipes.discard(self)
@@ -159,7 +162,7 @@ class GuestPipe(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             # The server ended the connection: the guest's TLS connection must end too (its
             # pipe cannot be closed without ending the forward itself).
-            self.transport.write(TLS_ALERT)
+            self.transport.write(RESET)
 
     def pause_guest(self, up: _Upstream) -> None:
         if up is self.upstream and self.transport is not None:

@@ -11,7 +11,7 @@ import pytest
 
 from agentic_sandbox.broker.agentlink.gateway import (
     ESTABLISHED,
-    TLS_ALERT,
+    RESET,
     LinkGateway,
     Upstreams,
     parse_connect,
@@ -78,7 +78,7 @@ async def test_a_new_pipe_first_ends_a_stale_guest_connection(
 ) -> None:
     _gw, port, link, _enroll = gateway
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await _read_exactly(reader, TLS_ALERT)  # what a guest connection open across a restore reads
+    await _read_exactly(reader, RESET)  # what a guest connection open across a restore reads
     # the stale connection's bytes are dropped; the next CONNECT starts a fresh one
     writer.write(b"\x17\x03\x03\x00\x05stale" + LINK + b"hello")
     await _read_exactly(reader, ESTABLISHED)
@@ -92,7 +92,7 @@ async def test_a_connect_inside_a_spliced_stream_starts_a_new_upstream(
 ) -> None:
     gw, port, link, enroll = gateway
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await _read_exactly(reader, TLS_ALERT)
+    await _read_exactly(reader, RESET)
     writer.write(ENROLL + b"csr")
     await _read_exactly(reader, ESTABLISHED)
     await _read_exactly(reader, b"enroll:csr")
@@ -118,7 +118,7 @@ async def test_unknown_names_are_refused_and_the_pipe_stays_usable(
 ) -> None:
     _gw, port, _link, _enroll = gateway
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await _read_exactly(reader, TLS_ALERT)
+    await _read_exactly(reader, RESET)
     writer.write(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: x\r\n\r\n")
     status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert status.startswith(b"HTTP/1.1 403")
@@ -133,14 +133,14 @@ async def test_an_upstream_that_ends_ends_the_guests_tls_connection(
 ) -> None:
     gw, port, _link, _enroll = gateway
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await _read_exactly(reader, TLS_ALERT)
+    await _read_exactly(reader, RESET)
     writer.write(LINK + b"x")
     await _read_exactly(reader, ESTABLISHED)
     await _read_exactly(reader, b"link:x")
     (pipe,) = gw.pipes
     assert pipe.upstream is not None and pipe.upstream.transport is not None
     pipe.upstream.transport.close()  # the server ended the connection
-    await _read_exactly(reader, TLS_ALERT)
+    await _read_exactly(reader, RESET)
     writer.close()
 
 
@@ -152,7 +152,7 @@ async def test_a_listener_that_is_down_answers_503(
     link.server.close()
     await link.server.wait_closed()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await _read_exactly(reader, TLS_ALERT)
+    await _read_exactly(reader, RESET)
     writer.write(LINK)
     status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert status.startswith(b"HTTP/1.1 503")
