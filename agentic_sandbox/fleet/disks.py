@@ -370,11 +370,3 @@ class HostStorage:
                 pool.refresh(0)
             names.update(pool.listVolumes())
         return sorted(names)
-
-    def serial_logs(self, domain: str) -> list[str]:
-        prefix = f"{domain}.serial.log"
-        return [
-            self.path("instances", n)
-            for n in self.list_names("instances")
-            if n == prefix or n.startswith(prefix + ".")
-        ]

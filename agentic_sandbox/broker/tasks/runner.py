@@ -50,10 +50,6 @@ WORKING_WRITE_DELAY = 0.02  # see _execute
 KILL_CONFIRM_SECONDS = 5.0
 
 
-class RunLost(Exception):
-    pass
-
-
 class TaskRunner:
     def __init__(
         self,
