@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from agentic_sandbox.broker.sessions.contract import (
+from agentic_sandbox.broker.sessions import (
     AgentUnavailable,
     ExitStatus,
     OutputChunk,

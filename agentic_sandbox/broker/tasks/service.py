@@ -25,7 +25,7 @@ import rfc8785
 
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.sessions.contract import SessionService
+from agentic_sandbox.broker.sessions import SessionService
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks.errors import (
