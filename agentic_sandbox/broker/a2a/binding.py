@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a import models as w
@@ -91,7 +91,7 @@ def parse_params(model: type[M], values: dict[str, Any]) -> M:
         ) from None
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> JsonValue:
     """The decoded body (None when empty); see `http/body.py` for the limits."""
     ctype = request.content_type
     if ctype not in JSON_TYPES:
@@ -116,7 +116,7 @@ def media_type(request: web.Request) -> str:
 
 
 def json_response(
-    request: web.Request, body: Any, status: int = 200, headers: dict[str, str] | None = None
+    request: web.Request, body: object, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     return web.Response(
         status=status,

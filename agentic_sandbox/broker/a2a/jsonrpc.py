@@ -69,11 +69,11 @@ ALIASES = {
 }
 
 
-def _reply(request_id: Any, result: Any) -> dict[str, Any]:
+def _reply(request_id: e.RequestId, result: object) -> dict[str, object]:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
-def _error(request_id: Any, err: e.A2AError) -> web.Response:
+def _error(request_id: e.RequestId, err: e.A2AError) -> web.Response:
     status = err.http if isinstance(err, e.TRANSPORT_LEVEL) else 200
     return web.Response(
         status=status,
@@ -84,7 +84,7 @@ def _error(request_id: Any, err: e.A2AError) -> web.Response:
 
 
 async def endpoint(request: web.Request) -> web.StreamResponse:
-    request_id: Any = None
+    request_id: e.RequestId = None
     try:
         body = await read_json(request)
         if isinstance(body, list):

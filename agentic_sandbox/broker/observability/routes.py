@@ -37,7 +37,7 @@ class EventsQuery(Input):
 
     @field_validator("after", mode="before")
     @classmethod
-    def _cursor(cls, value: Any) -> Any:
+    def _cursor(cls, value: object) -> object:
         if isinstance(value, str) and not value.isdigit():
             raise ValueError("cursor must be a non-negative integer seq")
         return value
