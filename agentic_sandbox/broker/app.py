@@ -32,8 +32,9 @@ from agentic_sandbox.broker.http.problems import problem_middleware
 from agentic_sandbox.broker.incarnations import Incarnations
 from agentic_sandbox.broker.observability import routes as obs_routes
 from agentic_sandbox.broker.observability.audit import AuditLog
+from agentic_sandbox.broker.observability.eventlog import SqlEventLog
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.observability.metrics import Metrics
+from agentic_sandbox.broker.observability.metrics import Metrics, provide_writer_metrics
 from agentic_sandbox.broker.secrets import routes as secret_routes
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.services import SERVICES, Services
@@ -86,9 +87,12 @@ async def build_services(settings: Settings) -> Services:
             f"{type(reason).__name__}: {reason}"
         ) from exc
     metrics = Metrics()
-    events = EventBus(db, ring_size=settings.events_ring_size, retention=settings.events_retention)
+    events = EventBus(
+        SqlEventLog(db, retention=settings.events_retention), ring_size=settings.events_ring_size
+    )
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)
+    provide_writer_metrics(metrics, [events.writer, audit.writer])
     streams = LiveStreams(max_per_credential=settings.streams_max_per_credential)
     svc = Services(
         settings=settings,

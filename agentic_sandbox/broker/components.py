@@ -26,7 +26,8 @@ def build_components(svc: Services) -> list[Component]:
     sessions = SessionsComponent(svc)
     agent_link = AgentLinkComponent(svc, handler=sessions.hub)
     sessions.hub.use_registry(agent_link.registry)
-    tasks = TasksComponent(svc)  # tasks and A2A: after the hub, so recovery can follow runs
+    # Tasks and A2A: after the hub, so recovery can follow runs; they see it as its contract.
+    tasks = TasksComponent(svc, sessions=sessions.hub)
     # The fleet last: provisioning waits for agents through the agent link.
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     return [sessions, agent_link, tasks, A2AComponent(svc, tasks.service), fleet]

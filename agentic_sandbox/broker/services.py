@@ -21,7 +21,6 @@ from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.secrets.vault import Vault
-from agentic_sandbox.broker.sessions.contract import SessionService
 from agentic_sandbox.broker.store import Database
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
@@ -43,8 +42,6 @@ class Services:
     server_id: str
     started_at: dt.datetime
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
-    # Set by the layers built on the foundation when they start.
-    sessions: SessionService | None = None
 
 
 SERVICES = web.AppKey("services", Services)

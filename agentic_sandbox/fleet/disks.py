@@ -446,11 +446,3 @@ class HostStorage:
             if not gone:
                 return removed
             removed.extend(gone)
-
-    def serial_logs(self, domain: str) -> list[str]:
-        prefix = f"{domain}.serial.log"
-        return [
-            self.path("instances", n)
-            for n in self.list_names("instances")
-            if n == prefix or n.startswith(prefix + ".")
-        ]

@@ -222,9 +222,3 @@ class LoopBridge(libvirtaio.virEventAsyncIOImpl):
             t.cb(t.iden, t.opaque)
         except Exception:  # pragma: no cover
             log.exception("libvirt timer callback failed")
-
-    # ------------------------------------------------------------------ introspection
-
-    def is_idle(self) -> bool:
-        with self._lock:
-            return not self._watches and not self._timers

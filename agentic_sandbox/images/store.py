@@ -286,18 +286,6 @@ class ImageStore:
                             removed.append(entry)
         return removed
 
-    # ---- access for the hypervisor -------------------------------------------------------
-
-    def qemu_access_problems(self) -> builtins.list[str]:
-        """Why libvirt's unprivileged qemu user could not read images here (empty when fine):
-        every parent directory needs o+x and image dirs/files o+r."""
-        problems: builtins.list[str] = []
-        path = self.images_dir
-        for parent in [path, *path.parents]:
-            if parent.exists() and not os.stat(parent).st_mode & 0o001:
-                problems.append(f"{parent} is not traversable by others (needs o+x)")
-        return problems
-
 
 def _unlocked(lock_file: Path) -> bool:
     """True when nobody holds the flock on `lock_file`."""

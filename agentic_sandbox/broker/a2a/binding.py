@@ -7,11 +7,13 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from agentic_sandbox.broker.a2a import errors as e
+from agentic_sandbox.broker.a2a import models as w
 from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
 from agentic_sandbox.broker.auth.streams import TooManyStreams
 from agentic_sandbox.broker.http.body import BodyError, read_json_body
@@ -30,6 +32,7 @@ A2A_JSON = "application/a2a+json"
 INSTANCE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 HANDLER = web.AppKey("a2a_handler", A2AHandler)
+M = TypeVar("M", bound=BaseModel)
 
 
 def check_version(request: web.Request) -> None:
@@ -75,7 +78,20 @@ async def resolve(request: web.Request) -> A2ACall:
     return A2ACall(instance=instance, principal=principal)
 
 
-async def read_json(request: web.Request) -> Any:
+def parse_params(model: type[M], values: dict[str, Any]) -> M:
+    """A request message from its JSON values, or `InvalidParamsError` naming every field."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        fields = w.error_fields(exc)
+        raise e.InvalidParamsError(
+            f"{fields[0]['field']}: {fields[0]['description']}"
+            + (f" (and {len(fields) - 1} more)" if len(fields) > 1 else ""),
+            fields=fields,
+        ) from None
+
+
+async def read_json(request: web.Request) -> JsonValue:
     """The decoded body (None when empty); see `http/body.py` for the limits."""
     ctype = request.content_type
     if ctype not in JSON_TYPES:
@@ -100,7 +116,7 @@ def media_type(request: web.Request) -> str:
 
 
 def json_response(
-    request: web.Request, body: Any, status: int = 200, headers: dict[str, str] | None = None
+    request: web.Request, body: object, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     return web.Response(
         status=status,

@@ -22,6 +22,8 @@ BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
 A2A_DOMAIN = "a2a-protocol.org"
 OUR_DOMAIN = "agentic-sandbox.dev"
 
+RequestId = str | int | None  # a JSON-RPC request id (never a bool, a float or a structure)
+
 
 class A2AError(Exception):
     """Base: `code` (JSON-RPC), `http` status, gRPC `status` name and ErrorInfo `reason`."""
@@ -63,7 +65,7 @@ class A2AError(Exception):
             out.append({"@type": BAD_REQUEST, "fieldViolations": self.fields})
         return out
 
-    def jsonrpc(self, request_id: Any) -> dict[str, Any]:
+    def jsonrpc(self, request_id: RequestId) -> dict[str, Any]:
         return {
             "jsonrpc": "2.0",
             "id": request_id,

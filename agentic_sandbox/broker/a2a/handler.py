@@ -42,6 +42,7 @@ from agentic_sandbox.broker.tasks import (
     TaskNotCancelable,
     TaskNotFound,
     TaskNotWaiting,
+    TaskRecord,
     TaskService,
     TaskStream,
     UnsupportedContent,
@@ -131,7 +132,7 @@ class A2AHandler:
         self.settings = settings
 
     # ---- messages -------------------------------------------------------------------------
-    async def _submit(self, call: A2ACall, req: SendMessageRequest) -> Any:
+    async def _submit(self, call: A2ACall, req: SendMessageRequest) -> TaskRecord:
         call.require(SCOPE_INVOKE)
         cfg = req.configuration
         if cfg is not None and cfg.accepted_output_modes:
@@ -250,7 +251,7 @@ class A2AHandler:
         return stream
 
     # ---- push notification configs --------------------------------------------------------
-    async def _task(self, call: A2ACall, task_id: str) -> Any:
+    async def _task(self, call: A2ACall, task_id: str) -> TaskRecord:
         try:
             return await self.tasks.get(task_id, call.caller, instance_id=call.instance_id)
         except TaskError as exc:

@@ -13,11 +13,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a import models as w
-from agentic_sandbox.broker.a2a.binding import HANDLER, read_json, resolve, sse, unexpected
+from agentic_sandbox.broker.a2a.binding import (
+    HANDLER,
+    parse_params,
+    read_json,
+    resolve,
+    sse,
+    unexpected,
+)
 from agentic_sandbox.broker.a2a.handler import A2ACall, A2AHandler
 
 Method = Callable[[A2AHandler, A2ACall, Any], Awaitable[Any]]
@@ -62,11 +69,11 @@ ALIASES = {
 }
 
 
-def _reply(request_id: Any, result: Any) -> dict[str, Any]:
+def _reply(request_id: e.RequestId, result: object) -> dict[str, object]:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
-def _error(request_id: Any, err: e.A2AError) -> web.Response:
+def _error(request_id: e.RequestId, err: e.A2AError) -> web.Response:
     status = err.http if isinstance(err, e.TRANSPORT_LEVEL) else 200
     return web.Response(
         status=status,
@@ -77,7 +84,7 @@ def _error(request_id: Any, err: e.A2AError) -> web.Response:
 
 
 async def endpoint(request: web.Request) -> web.StreamResponse:
-    request_id: Any = None
+    request_id: e.RequestId = None
     try:
         body = await read_json(request)
         if isinstance(body, list):
@@ -110,15 +117,7 @@ async def endpoint(request: web.Request) -> web.StreamResponse:
                 fields=[{"field": "params", "description": "must be an object"}],
             )
         model, fn = entry
-        try:
-            req = model.model_validate(params)
-        except ValidationError as exc:
-            fields = w.error_fields(exc)
-            raise e.InvalidParamsError(
-                f"{fields[0]['field']}: {fields[0]['description']}"
-                + (f" (and {len(fields) - 1} more)" if len(fields) > 1 else ""),
-                fields=fields,
-            ) from None
+        req = parse_params(model, params)
         handler = request.app[HANDLER]
         if method in STREAMING:
             stream = await fn(handler, call, req)

@@ -49,7 +49,7 @@ class Part(Wire):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_content(cls, value: Any) -> Any:
+    def _one_content(cls, value: object) -> object:
         if isinstance(value, dict):
             kinds = [k for k in ("text", "raw", "url", "data") if value.get(k) is not None]
             if len(kinds) != 1:
@@ -92,7 +92,7 @@ class Message(Wire):
 
     @field_validator("role", mode="before")
     @classmethod
-    def _role(cls, value: Any) -> str:
+    def _role(cls, value: object) -> str:
         key = str(value)
         if key not in ROLES:
             raise ValueError("role must be ROLE_USER or ROLE_AGENT")
@@ -156,7 +156,7 @@ class ListTasksRequest(Wire):
 
     @field_validator("status", mode="before")
     @classmethod
-    def _state(cls, value: Any) -> Any:
+    def _state(cls, value: object) -> TaskState | None:
         if value in (None, "", "TASK_STATE_UNSPECIFIED", 0, "0"):
             return None
         if isinstance(value, str):
@@ -170,7 +170,7 @@ class ListTasksRequest(Wire):
 
     @field_validator("status_timestamp_after", mode="before")
     @classmethod
-    def _stamp(cls, value: Any) -> Any:
+    def _stamp(cls, value: object) -> object:
         if isinstance(value, str):
             try:
                 return parse_timestamp(value)

@@ -24,13 +24,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from agentic_sandbox.broker.a2a import errors as e
 from agentic_sandbox.broker.a2a import models as w
 from agentic_sandbox.broker.a2a.binding import (
     HANDLER,
     json_response,
+    parse_params,
     read_json,
     resolve,
     sse,
@@ -51,18 +52,6 @@ def _error(err: e.A2AError) -> web.Response:
         content_type="application/json",
         headers=err.headers,
     )
-
-
-def _parse(model: type[M], values: dict[str, Any]) -> M:
-    try:
-        return model.model_validate(values)
-    except ValidationError as exc:
-        fields = w.error_fields(exc)
-        raise e.InvalidParamsError(
-            f"{fields[0]['field']}: {fields[0]['description']}"
-            + (f" (and {len(fields) - 1} more)" if len(fields) > 1 else ""),
-            fields=fields,
-        ) from None
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -96,7 +85,7 @@ def view(
 
 @view
 async def send_message(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
-    req = _parse(w.SendMessageRequest, await _body(request))
+    req = parse_params(w.SendMessageRequest, await _body(request))
     return json_response(request, await h.send_message(call, req))
 
 
@@ -104,33 +93,33 @@ async def send_message(request: web.Request, h: A2AHandler, call: A2ACall) -> we
 async def send_streaming_message(
     request: web.Request, h: A2AHandler, call: A2ACall
 ) -> web.StreamResponse:
-    req = _parse(w.SendMessageRequest, await _body(request))
+    req = parse_params(w.SendMessageRequest, await _body(request))
     stream = await h.send_streaming_message(call, req)
     return await sse(request, stream, frame=lambda ev: ev, on_error=lambda err: err.rest())
 
 
 @view
 async def get_task(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
-    req = _parse(w.GetTaskRequest, {**_query(request), "id": request.match_info["task_id"]})
+    req = parse_params(w.GetTaskRequest, {**_query(request), "id": request.match_info["task_id"]})
     return json_response(request, await h.get_task(call, req))
 
 
 @view
 async def list_tasks(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
-    req = _parse(w.ListTasksRequest, _query(request))
+    req = parse_params(w.ListTasksRequest, _query(request))
     return json_response(request, await h.list_tasks(call, req))
 
 
 @view
 async def cancel_task(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
     body = await _body(request) if request.can_read_body else {}
-    req = _parse(w.CancelTaskRequest, {**body, "id": request.match_info["task_id"]})
+    req = parse_params(w.CancelTaskRequest, {**body, "id": request.match_info["task_id"]})
     return json_response(request, await h.cancel_task(call, req))
 
 
 @view
 async def subscribe(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
-    req = _parse(w.SubscribeToTaskRequest, {"id": request.match_info["task_id"]})
+    req = parse_params(w.SubscribeToTaskRequest, {"id": request.match_info["task_id"]})
     stream = await h.subscribe(call, req)
     return await sse(request, stream, frame=lambda ev: ev, on_error=lambda err: err.rest())
 
@@ -140,7 +129,7 @@ async def create_push_config(
     request: web.Request, h: A2AHandler, call: A2ACall
 ) -> web.StreamResponse:
     task_id = request.match_info["task_id"]
-    req = _parse(w.TaskPushNotificationConfig, {**await _body(request), "taskId": task_id})
+    req = parse_params(w.TaskPushNotificationConfig, {**await _body(request), "taskId": task_id})
     return json_response(request, await h.create_push_config(call, req, task_id))
 
 
@@ -149,14 +138,14 @@ async def list_push_configs(
     request: web.Request, h: A2AHandler, call: A2ACall
 ) -> web.StreamResponse:
     values = {**_query(request), "taskId": request.match_info["task_id"]}
-    req = _parse(w.ListTaskPushNotificationConfigsRequest, values)
+    req = parse_params(w.ListTaskPushNotificationConfigsRequest, values)
     return json_response(request, await h.list_push_configs(call, req))
 
 
 @view
 async def get_push_config(request: web.Request, h: A2AHandler, call: A2ACall) -> web.StreamResponse:
     values = {"taskId": request.match_info["task_id"], "id": request.match_info["config_id"]}
-    req = _parse(w.GetTaskPushNotificationConfigRequest, values)
+    req = parse_params(w.GetTaskPushNotificationConfigRequest, values)
     return json_response(request, await h.get_push_config(call, req))
 
 
@@ -165,7 +154,7 @@ async def delete_push_config(
     request: web.Request, h: A2AHandler, call: A2ACall
 ) -> web.StreamResponse:
     values = {"taskId": request.match_info["task_id"], "id": request.match_info["config_id"]}
-    req = _parse(w.DeleteTaskPushNotificationConfigRequest, values)
+    req = parse_params(w.DeleteTaskPushNotificationConfigRequest, values)
     await h.delete_push_config(call, req)
     return json_response(request, {})
 

@@ -15,10 +15,10 @@ hold a handler. The size limit is aiohttp's `client_max_size` (413).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pydantic_core
 from aiohttp import web
+from pydantic import JsonValue
 
 MAX_DEPTH = 201  # jiter's recursion limit: the 202nd nested array or object is refused
 MAX_INT_DIGITS = 4300  # the interpreter's own int/str conversion limit
@@ -34,7 +34,7 @@ class BodyError(Exception):
         self.code = code
 
 
-def decode_json(raw: bytes | str) -> Any:
+def decode_json(raw: bytes | str) -> JsonValue:
     """Parse JSON or raise `ValueError` with a message a client can act on."""
     try:
         return pydantic_core.from_json(raw, allow_inf_nan=False)
@@ -65,7 +65,7 @@ async def read_body(request: web.Request, seconds: float) -> bytes:
         raise BodyError(413, f"request body too large ({exc.text})", "payload-too-large") from None
 
 
-async def read_json_body(request: web.Request, seconds: float) -> tuple[bool, Any]:
+async def read_json_body(request: web.Request, seconds: float) -> tuple[bool, JsonValue]:
     """(False, None) for an empty body, else (True, the decoded document); `BodyError` for a
     late, oversized or malformed one."""
     raw = await read_body(request, seconds)

@@ -23,9 +23,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from agentic_sandbox.broker.config import Settings
 
@@ -36,7 +37,12 @@ RETRY_AFTER_SECONDS = 5
 LOG_EVERY_SECONDS = 10.0
 
 
-def http_timeouts(settings: Settings) -> dict[str, Any]:
+class HttpTimeouts(TypedDict):
+    keepalive_timeout: float
+    lingering_time: float
+
+
+def http_timeouts(settings: Settings) -> HttpTimeouts:
     """aiohttp `RequestHandler` settings for a runner."""
     return {
         "keepalive_timeout": settings.http_idle_timeout_seconds,
@@ -69,7 +75,7 @@ class ConnectionCap:
         self.per_address = per_address
         self.max_addresses = max_addresses
         self._open: dict[str, int] = {}
-        self._counted: dict[Any, str] = {}  # handler -> its address
+        self._counted: dict[RequestHandler, str] = {}  # handler -> its address
         self._answer = _refusal(per_address)
         self.refused = 0
         self._logged_at = 0.0
@@ -78,11 +84,11 @@ class ConnectionCap:
         made = server.connection_made
         lost = server.connection_lost
 
-        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
             made(handler, transport)
             self._admit(handler, transport)
 
-        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+        def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
             self._release(handler)
             lost(handler, exc)
 
@@ -94,7 +100,7 @@ class ConnectionCap:
             return self._open.get(address, 0)
         return sum(self._open.values())
 
-    def _admit(self, handler: Any, transport: asyncio.Transport) -> None:
+    def _admit(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         count = self._open.get(address, 0)
@@ -117,7 +123,7 @@ class ConnectionCap:
         self._open[address] = count + 1
         self._counted[handler] = address
 
-    def _release(self, handler: Any) -> None:
+    def _release(self, handler: RequestHandler) -> None:
         address = self._counted.pop(handler, None)
         if address is None:
             return

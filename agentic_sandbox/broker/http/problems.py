@@ -72,18 +72,6 @@ def _default_code(status: int) -> str:
     }.get(status, "error")
 
 
-def bad_request(detail: str, **kw: Any) -> ProblemError:
-    return ProblemError(400, detail, **kw)
-
-
-def unauthenticated(detail: str = "a valid token is required") -> ProblemError:
-    return ProblemError(401, detail, headers={"WWW-Authenticate": 'Bearer realm="agentic-sandbox"'})
-
-
-def forbidden(detail: str) -> ProblemError:
-    return ProblemError(403, detail)
-
-
 def not_found(kind: str, ident: str) -> ProblemError:
     return ProblemError(404, f"{kind} {ident!r} not found", code=f"{kind}-not-found")
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Required, TypedDict, TypeVar, Unpack
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.http.body import BodyError, read_json_body
@@ -93,7 +93,7 @@ def current_principal(request: web.Request) -> Principal | None:
     return request.get(PRINCIPAL_KEY)
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> JsonValue:
     """Read and parse the body as JSON (see `http/body.py`): 400/408/413/415 naming what is
     wrong."""
     ctype = request.content_type
@@ -123,6 +123,23 @@ def parse_query(model: type[Q], request: web.Request) -> Q:
         return model.model_validate(values)
     except ValidationError as exc:
         raise validation_problem(exc, "query") from None
+
+
+class RouteOptions(TypedDict, total=False):
+    """What `ApiRoutes.get/post/…` take besides the path (see `ApiRoutes.route`)."""
+
+    body: type[BaseModel] | None
+    query: type[BaseModel] | None
+    response: type[BaseModel] | None
+    status: int
+    role: Role | None
+    summary: Required[str]
+    tag: Required[str]
+    responses: dict[int, str] | None
+    content_type: str | None
+    websocket: bool
+    description: str
+    deprecated: bool
 
 
 class ApiRoutes:
@@ -174,19 +191,19 @@ class ApiRoutes:
 
         return register
 
-    def get(self, path: str, **kw: Any) -> Callable[[Handler], Handler]:
+    def get(self, path: str, **kw: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
         return self.route("GET", path, **kw)
 
-    def post(self, path: str, **kw: Any) -> Callable[[Handler], Handler]:
+    def post(self, path: str, **kw: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
         return self.route("POST", path, **kw)
 
-    def put(self, path: str, **kw: Any) -> Callable[[Handler], Handler]:
+    def put(self, path: str, **kw: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
         return self.route("PUT", path, **kw)
 
-    def patch(self, path: str, **kw: Any) -> Callable[[Handler], Handler]:
+    def patch(self, path: str, **kw: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
         return self.route("PATCH", path, **kw)
 
-    def delete(self, path: str, **kw: Any) -> Callable[[Handler], Handler]:
+    def delete(self, path: str, **kw: Unpack[RouteOptions]) -> Callable[[Handler], Handler]:
         return self.route("DELETE", path, **kw)
 
     def install(self, app: web.Application) -> None:

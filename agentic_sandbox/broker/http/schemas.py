@@ -25,10 +25,5 @@ class Output(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-class ListQuery(Input):
-    limit: int = Field(default=100, ge=1, le=1000)
-    cursor: str | None = Field(default=None, max_length=200)
-
-
 def iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None

@@ -42,7 +42,7 @@ class EventStream:
         self.response = response
         self.lease = lease
         self.keepalive = keepalive
-        self._followers: list[AsyncGenerator[Any, None]] = []
+        self._followers: list[AsyncGenerator[object, None]] = []
 
     @classmethod
     async def open(

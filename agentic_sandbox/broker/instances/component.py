@@ -23,7 +23,6 @@ from agentic_sandbox.broker.operations import OperationFailed, OperationRunner, 
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import (
-    EgressPolicy,
     Fleet,
     FleetConfig,
     FleetError,
@@ -562,9 +561,6 @@ class FleetComponent:
             row.size_bytes = image.manifest.disk.actual_size
             row.state = "ready"
             row.manifest = image.manifest.model_dump(mode="json")
-
-    def default_egress(self, loadout_network: str, requested: str | None) -> EgressPolicy:
-        return EgressPolicy(requested or loadout_network)
 
     def work_dir(self) -> Path:
         return self.svc.settings.data_dir / "provision"

@@ -1,15 +1,13 @@
 """The audit log: state transitions and denied requests, with actor, cause and time.
 
-Entries are written by a background batch writer (callers never wait on the database) and are
-queryable by subject. `flush()` makes everything recorded so far durable.
+Entries are written by a write-behind `BatchWriter` (callers never wait on the database) and
+are queryable by subject. `flush()` makes everything recorded so far durable.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +16,7 @@ from sqlalchemy import select
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store.batch import BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +39,14 @@ class AuditRecord:
 class AuditLog:
     def __init__(self, db: Database, *, limit: int = 100_000) -> None:
         self._db = db
-        self._pending: deque[AuditRecord] = deque()
-        self._limit = limit
-        self._wake = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._writer: asyncio.Task[None] | None = None
-        self.dropped = 0
+        # Past `limit` unwritten entries the oldest is dropped (callers never wait), counted
+        # in `writer.dropped` and exposed as a metric.
+        self.writer: BatchWriter[AuditRecord] = BatchWriter(
+            "audit-writer", self._write, limit=limit, on_drop=_dropped
+        )
 
     async def start(self) -> None:
-        self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
+        self.writer.start()
 
     def record(
         self,
@@ -63,11 +61,7 @@ class AuditLog:
         to_state: str | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        if len(self._pending) >= self._limit:
-            self._pending.popleft()
-            self.dropped += 1
-            log.error("audit backlog full; oldest unwritten entry dropped")
-        self._pending.append(
+        self.writer.add(
             AuditRecord(
                 # Clipped to their columns (PostgreSQL refuses longer values, and one bad row
                 # would hold back every batch after it): a request path or a route template
@@ -84,7 +78,6 @@ class AuditLog:
                 correlation_id=correlation_id.get(),
             )
         )
-        self._wake.set()
 
     def transition(
         self,
@@ -137,53 +130,31 @@ class AuditLog:
             return list((await s.scalars(stmt.limit(limit))).all())
 
     async def flush(self) -> None:
-        async with self._lock:
-            while self._pending:
-                batch = list(self._pending)[:500]
-                async with self._db.session() as s:
-                    s.add_all(
-                        m.AuditEntry(
-                            time=r.time,
-                            actor=r.actor,
-                            action=r.action,
-                            subject_type=r.subject_type,
-                            subject_id=r.subject_id,
-                            outcome=r.outcome,
-                            cause=r.cause,
-                            from_state=r.from_state,
-                            to_state=r.to_state,
-                            correlation_id=r.correlation_id,
-                            detail=r.detail,
-                        )
-                        for r in batch
-                    )
-                for _ in batch:
-                    self._pending.popleft()
+        """Make everything recorded so far durable."""
+        await self.writer.flush()
 
-    async def _write_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.flush()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("writing the audit log failed; retrying")
-                await asyncio.sleep(1)
-                self._wake.set()
+    async def _write(self, batch: list[AuditRecord]) -> None:
+        async with self._db.session() as s:
+            s.add_all(
+                m.AuditEntry(
+                    time=r.time,
+                    actor=r.actor,
+                    action=r.action,
+                    subject_type=r.subject_type,
+                    subject_id=r.subject_id,
+                    outcome=r.outcome,
+                    cause=r.cause,
+                    from_state=r.from_state,
+                    to_state=r.to_state,
+                    correlation_id=r.correlation_id,
+                    detail=r.detail,
+                )
+                for r in batch
+            )
 
     async def close(self) -> None:
-        if self._writer is not None:
-            # Never cancel a batch mid-write (SQLite would keep the write lock of the abandoned
-            # transaction and the final flush below would fail "database is locked").
-            async with self._lock:
-                self._writer.cancel()
-            try:
-                await self._writer
-            except asyncio.CancelledError:
-                pass
-        try:
-            await self.flush()
-        except Exception:
-            log.exception("final audit flush failed")
+        await self.writer.close()
+
+
+def _dropped(_record: AuditRecord) -> None:
+    log.error("audit backlog full; oldest unwritten entry dropped")

@@ -2,8 +2,8 @@
 
 Each event gets a monotonic `seq` at publish time (allocated in this process, so fan-out order
 equals seq order and a cursor never skips an event that commits late), lands in a bounded ring
-for fast cursor reads and live subscribers, and is persisted in batches by a background writer.
-Cursor reads older than the ring come from the database.
+for fast cursor reads and live subscribers, and is handed to the event log (`eventlog.py`) in
+batches by a write-behind `BatchWriter`. Cursor reads older than the ring come from the log.
 
 Subscribers have bounded queues: one that falls behind is told how many events it missed
 (a `stream.gap` marker) and continues from the ring instead of slowing the publisher.
@@ -13,107 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select
-
+from agentic_sandbox.broker.observability.event import EVENT_TYPE_PREFIXES, Event, EventFilter
+from agentic_sandbox.broker.observability.eventlog import EventLog
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
-from agentic_sandbox.broker.store import Database
-from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store.batch import BatchWriter
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPE_PREFIXES = (
-    "instance.",
-    "agent.",
-    "session.",
-    "task.",
-    "host.",
-    "image.",
-    "auth.",
-    "operation.",
-    "stream.",
-)
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    type: str
-    time: dt.datetime
-    actor: str | None = None
-    instance_id: str | None = None
-    session_id: str | None = None
-    task_id: str | None = None
-    host: str | None = None
-    correlation_id: str | None = None
-    owner: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seq": self.seq, "type": self.type, "time": self.time.isoformat()}
-        for key in (
-            "actor",
-            "instance_id",
-            "session_id",
-            "task_id",
-            "host",
-            "correlation_id",
-            "owner",
-        ):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        out["data"] = self.data
-        return out
-
-    @classmethod
-    def from_row(cls, row: m.Event) -> Event:
-        return cls(
-            seq=row.seq,
-            type=row.type,
-            time=row.time,
-            actor=row.actor,
-            instance_id=row.instance_id,
-            session_id=row.session_id,
-            task_id=row.task_id,
-            host=row.host,
-            correlation_id=row.correlation_id,
-            owner=row.owner,
-            data=dict(row.payload or {}),
-        )
-
-
-@dataclass(frozen=True)
-class EventFilter:
-    owner: str | None = None  # non-admins see only events about what they own
-    types: tuple[str, ...] = ()  # exact names or prefixes ending in `*` / `.`
-    instance_id: str | None = None
-    session_id: str | None = None
-    task_id: str | None = None
-    host: str | None = None
-
-    def matches(self, ev: Event) -> bool:
-        if self.types and not any(_type_matches(t, ev.type) for t in self.types):
-            return False
-        for key in ("owner", "instance_id", "session_id", "task_id", "host"):
-            want = getattr(self, key)
-            if want is not None and getattr(ev, key) != want:
-                return False
-        return True
-
-
-def _type_matches(pattern: str, value: str) -> bool:
-    if pattern.endswith("*"):
-        return value.startswith(pattern[:-1])
-    if pattern.endswith("."):
-        return value.startswith(pattern)
-    return value == pattern
+PAGE = 200  # events per log read while a follower replays
 
 
 class Subscription:
@@ -136,7 +48,7 @@ class Subscription:
 
     async def get(self) -> Event:
         if self._queue.empty() and self.overflowed_at is not None:
-            return self._bus.gap_marker(self.overflowed_at)
+            return gap_marker(self.overflowed_at)
         return await self._queue.get()
 
     def resume_after_gap(self, last_seq: int) -> None:
@@ -150,7 +62,7 @@ class Subscription:
         if self.closed:
             return
         self.closed = True
-        self._bus._subscribers.discard(self)
+        self._bus.unsubscribe(self)
         end = Event(seq=0, type="stream.end", time=dt.datetime.now(dt.UTC))
         while True:
             try:
@@ -160,46 +72,47 @@ class Subscription:
                 self._queue.get_nowait()
 
 
+def gap_marker(first_missed: int) -> Event:
+    return Event(
+        seq=first_missed - 1,
+        type="stream.gap",
+        time=dt.datetime.now(dt.UTC),
+        data={
+            "first_missed_seq": first_missed,
+            "reason": "client fell behind; resume with after=<last seq you handled>",
+        },
+    )
+
+
 class EventBus:
     def __init__(
         self,
-        db: Database,
+        log: EventLog,
         *,
         ring_size: int = 10_000,
-        retention: int = 1_000_000,
         on_publish: Callable[[Event], None] | None = None,
     ) -> None:
-        self._db = db
+        self._log = log
         self._ring: deque[Event] = deque(maxlen=ring_size)
-        self._retention = retention
         self._seq = 0
         self._subscribers: set[Subscription] = set()
-        self._pending: deque[Event] = deque()
-        self._pending_limit = max(ring_size * 10, 100_000)
-        self._wake = asyncio.Event()
-        self._writer: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Event], None]] = []
         if on_publish is not None:
             self._listeners.append(on_publish)
-        self.dropped_persist = 0
-        self._flush_lock = asyncio.Lock()
+        # Events not yet in the log. Past its bound the oldest unwritten ones are dropped
+        # (counted in `writer.dropped`, exposed as a metric): publishers never wait.
+        self.writer: BatchWriter[Event] = BatchWriter(
+            "event-writer", log.append, limit=max(ring_size * 10, 100_000)
+        )
 
     @property
     def last_seq(self) -> int:
         return self._seq
 
     async def start(self) -> None:
-        async with self._db.session() as s:
-            last = await s.scalar(select(func.max(m.Event.seq)))
-            self._seq = int(last or 0)
-            rows = (
-                await s.scalars(
-                    select(m.Event).order_by(m.Event.seq.desc()).limit(self._ring.maxlen or 0)
-                )
-            ).all()
-        for row in reversed(rows):
-            self._ring.append(Event.from_row(row))
-        self._writer = asyncio.create_task(self._write_loop(), name="event-writer")
+        self._seq = await self._log.last_seq()
+        self._ring.extend(await self._log.tail(self._ring.maxlen or 0))
+        self.writer.start()
 
     def add_listener(self, fn: Callable[[Event], None]) -> None:
         """In-process hooks (metrics, push, …); must not block."""
@@ -234,11 +147,7 @@ class EventBus:
             data=redactor.data(data or {}),
         )
         self._ring.append(ev)
-        if len(self._pending) >= self._pending_limit:
-            self._pending.popleft()
-            self.dropped_persist += 1
-        self._pending.append(ev)
-        self._wake.set()
+        self.writer.add(ev)
         for sub in tuple(self._subscribers):
             sub.offer(ev)
         for fn in self._listeners:
@@ -247,17 +156,6 @@ class EventBus:
             except Exception:  # a listener's bug must not break publishers
                 log.exception("event listener failed")
         return ev
-
-    def gap_marker(self, first_missed: int) -> Event:
-        return Event(
-            seq=first_missed - 1,
-            type="stream.gap",
-            time=dt.datetime.now(dt.UTC),
-            data={
-                "first_missed_seq": first_missed,
-                "reason": "client fell behind; resume with after=<last seq you handled>",
-            },
-        )
 
     def ring_after(self, after: int) -> list[Event]:
         if not self._ring or after >= self._ring[-1].seq:
@@ -271,6 +169,9 @@ class EventBus:
         self._subscribers.add(sub)
         return sub
 
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+
     async def query(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
         """Events with seq > after, oldest first, at most `limit`."""
         ring_first = self._ring[0].seq if self._ring else self._seq + 1
@@ -282,25 +183,8 @@ class EventBus:
                     if len(out) >= limit:
                         break
             return out
-        await self.flush()
-        stmt = select(m.Event).where(m.Event.seq > after).order_by(m.Event.seq).limit(limit)
-        if flt.types:
-            clauses = []
-            for t in flt.types:
-                if t.endswith("*"):
-                    clauses.append(m.Event.type.startswith(t[:-1], autoescape=True))
-                elif t.endswith("."):
-                    clauses.append(m.Event.type.startswith(t, autoescape=True))
-                else:
-                    clauses.append(m.Event.type == t)
-            stmt = stmt.where(or_(*clauses))
-        for key in ("owner", "instance_id", "session_id", "task_id", "host"):
-            want = getattr(flt, key)
-            if want is not None:
-                stmt = stmt.where(getattr(m.Event, key) == want)
-        async with self._db.session() as s:
-            rows = (await s.scalars(stmt)).all()
-        return [Event.from_row(r) for r in rows]
+        await self.flush()  # what the ring has lost must be in the log first
+        return await self._log.read(after, limit, flt)
 
     async def follow(
         self, after: int, flt: EventFilter, queue_size: int
@@ -310,7 +194,7 @@ class EventBus:
         try:
             last = after
             while True:
-                page = await self.query(last, 200, flt)
+                page = await self.query(last, PAGE, flt)
                 if not page:
                     break
                 for ev in page:
@@ -332,49 +216,8 @@ class EventBus:
             sub.close()
 
     async def flush(self) -> None:
-        """Persist everything published so far (a batch leaves the queue only once stored)."""
-        async with self._flush_lock:
-            while self._pending:
-                batch = list(itertools.islice(self._pending, 0, 500))
-                await self._persist(batch)
-                for _ in batch:
-                    self._pending.popleft()
-
-    async def _persist(self, batch: Iterable[Event]) -> None:
-        rows = [
-            m.Event(
-                seq=ev.seq,
-                type=ev.type,
-                time=ev.time,
-                actor=ev.actor,
-                instance_id=ev.instance_id,
-                session_id=ev.session_id,
-                task_id=ev.task_id,
-                host=ev.host,
-                correlation_id=ev.correlation_id,
-                owner=ev.owner,
-                payload=ev.data,
-            )
-            for ev in batch
-        ]
-        async with self._db.session() as s:
-            s.add_all(rows)
-            last = rows[-1].seq
-            if last % 1000 < len(rows):  # now and then, trim to the retention bound
-                await s.execute(delete(m.Event).where(m.Event.seq <= last - self._retention))
-
-    async def _write_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.flush()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("persisting events failed; retrying")
-                await asyncio.sleep(1)
-                self._wake.set()
+        """Make everything published so far durable in the log."""
+        await self.writer.flush()
 
     def end_streams(self) -> None:
         """Wake and end every live follower (server shutdown)."""
@@ -383,14 +226,4 @@ class EventBus:
 
     async def close(self) -> None:
         self.end_streams()
-        if self._writer is not None:
-            async with self._flush_lock:  # never cancel a batch mid-write (see AuditLog.close)
-                self._writer.cancel()
-            try:
-                await self._writer
-            except asyncio.CancelledError:
-                pass
-        try:
-            await self.flush()
-        except Exception:
-            log.exception("final event flush failed")
+        await self.writer.close()

@@ -7,7 +7,8 @@ stage names — never instance, session or task ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -17,7 +18,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -26,20 +27,23 @@ TASK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 # (family name, help, label names, provider) — providers return {label tuple: value}
 Provider = Callable[[], dict[tuple[str, ...], float]]
+Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
 
 
 class _ProviderCollector(Collector):
-    """Gauges computed at scrape time from the live state of the server."""
+    """Gauges and counters computed at scrape time from the live state of the server."""
 
     def __init__(self) -> None:
-        self._families: list[tuple[str, str, tuple[str, ...], Provider]] = []
+        self._families: list[tuple[Family, str, str, tuple[str, ...], Provider]] = []
 
-    def add(self, name: str, doc: str, labels: tuple[str, ...], provider: Provider) -> None:
-        self._families.append((name, doc, labels, provider))
+    def add(
+        self, kind: Family, name: str, doc: str, labels: tuple[str, ...], provider: Provider
+    ) -> None:
+        self._families.append((kind, name, doc, labels, provider))
 
     def collect(self) -> Iterable[Metric]:
-        for name, doc, labels, provider in self._families:
-            fam = GaugeMetricFamily(name, doc, labels=list(labels))
+        for kind, name, doc, labels, provider in self._families:
+            fam = kind(name, doc, labels=list(labels))
             for key, value in provider().items():
                 fam.add_metric(list(key), value)
             yield fam
@@ -199,7 +203,42 @@ class Metrics:
 
     def provide(self, name: str, doc: str, labels: tuple[str, ...], provider: Provider) -> None:
         """Register a scrape-time gauge family (e.g. instances by state and host)."""
-        self._providers.add(name, doc, labels, provider)
+        self._providers.add(GaugeMetricFamily, name, doc, labels, provider)
+
+    def provide_counter(
+        self, name: str, doc: str, labels: tuple[str, ...], provider: Provider
+    ) -> None:
+        """Register a scrape-time counter family (a total kept by the part it counts)."""
+        self._providers.add(CounterMetricFamily, name, doc, labels, provider)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class WriterStats(Protocol):
+    """What the metrics read of a write-behind writer (`store.batch.BatchWriter`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    @property
+    def dropped(self) -> int: ...
+
+
+def provide_writer_metrics(metrics: Metrics, writers: Sequence[WriterStats]) -> None:
+    """Backlog and drops of the write-behind writers, labelled by writer name."""
+    metrics.provide(
+        "sandbox_write_behind_pending",
+        "Rows handed to a write-behind writer and not yet stored, by writer",
+        ("writer",),
+        lambda: {(w.name,): float(w.pending) for w in writers},
+    )
+    metrics.provide_counter(
+        "sandbox_write_behind_dropped",
+        "Rows a write-behind writer dropped unwritten because its backlog was full, by writer",
+        ("writer",),
+        lambda: {(w.name,): float(w.dropped) for w in writers},
+    )

@@ -15,7 +15,7 @@ from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, current_principal
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.http.sse import EventStream
-from agentic_sandbox.broker.observability.events import EventFilter
+from agentic_sandbox.broker.observability.event import EventFilter
 from agentic_sandbox.broker.services import Services, services
 
 api = ApiRoutes()
@@ -37,7 +37,7 @@ class EventsQuery(Input):
 
     @field_validator("after", mode="before")
     @classmethod
-    def _cursor(cls, value: Any) -> Any:
+    def _cursor(cls, value: object) -> object:
         if isinstance(value, str) and not value.isdigit():
             raise ValueError("cursor must be a non-negative integer seq")
         return value

@@ -25,7 +25,6 @@ class SessionsComponent:
 
     async def start(self) -> None:
         await self.hub.start()
-        self.svc.sessions = self.hub
 
     async def stop(self) -> None:
         await self.hub.stop()

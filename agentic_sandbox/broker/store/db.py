@@ -17,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 
@@ -40,7 +42,7 @@ def alembic_config(connection: Connection | None = None) -> AlembicConfig:
     return cfg
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from agentic_sandbox.broker.services import Services
+from agentic_sandbox.broker.sessions import SessionService
 from agentic_sandbox.broker.tasks import missions, v1_routes
 from agentic_sandbox.broker.tasks.keys import TASKS
 from agentic_sandbox.broker.tasks.live import LiveTasks
@@ -17,7 +18,8 @@ from agentic_sandbox.broker.tasks.store import TaskStore
 class TasksComponent:
     name = "tasks"
 
-    def __init__(self, svc: Services) -> None:
+    def __init__(self, svc: Services, sessions: SessionService) -> None:
+        """`sessions` is the session layer's contract (the hub, or a fake in tests)."""
         self.svc = svc
         store = TaskStore(svc.db)
         machine = TaskMachine(
@@ -41,7 +43,7 @@ class TasksComponent:
             machine=machine,
             events=svc.events,
             push=push,
-            sessions=lambda: svc.sessions,
+            sessions=lambda: sessions,
             settings=svc.settings,
         )
         svc.incarnations.on_end("tasks", self.service.end_incarnation)

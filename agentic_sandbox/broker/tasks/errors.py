@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class TaskError(Exception):
     """Base class. `field` names the offending input when there is one."""
 
-    def __init__(self, message: str, *, field: str | None = None, **detail: Any) -> None:
+    def __init__(self, message: str, *, field: str | None = None, **detail: object) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
@@ -38,8 +36,10 @@ class IdempotencyConflict(TaskError):
 class QuotaExceeded(TaskError):
     """Too many pending tasks (globally or for this owner); retry later."""
 
-    def __init__(self, message: str, *, retry_after: int = 5, **detail: Any) -> None:
-        super().__init__(message, **detail)
+    def __init__(
+        self, message: str, *, retry_after: int = 5, field: str | None = None, **detail: object
+    ) -> None:
+        super().__init__(message, field=field, **detail)
         self.retry_after = retry_after
 
 

@@ -12,15 +12,14 @@ import datetime as dt
 from pydantic import Field, field_validator
 
 from agentic_sandbox.broker.auth.principal import Role
-from agentic_sandbox.broker.http.problems import ProblemError, not_found
+from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output, SubjectName
 from agentic_sandbox.broker.services import services
-from agentic_sandbox.broker.tasks.errors import InvalidTaskInput, TaskNotFound
 from agentic_sandbox.broker.tasks.keys import TASKS
 from agentic_sandbox.broker.tasks.states import TaskState
 from agentic_sandbox.broker.tasks.store import TaskFilter
-from agentic_sandbox.broker.tasks.views import Mission, caller_of, mission
+from agentic_sandbox.broker.tasks.views import Mission, caller_of, list_page, mission, visible_task
 
 api = ApiRoutes()
 
@@ -91,19 +90,9 @@ async def list_missions(call: Call[NoBody, MissionQuery]) -> MissionPage:
     owner = q.owner if caller.is_admin else caller.subject
     flt = TaskFilter(instance_id=q.instance_id, owner=owner, states=tuple(q.state or ()))
     tasks = call.app[TASKS]
-    try:
-        records, page = await tasks.list_tasks(flt, page_size=q.limit, page_token=q.cursor or "")
-    except InvalidTaskInput as exc:
-        raise ProblemError(
-            400,
-            "query.cursor: not a cursor this server handed out",
-            code="invalid-cursor",
-            errors=[{"field": "query.cursor", "message": exc.message, "type": "value"}],
-        ) from None
+    records, next_cursor = await list_page(tasks, flt, limit=q.limit, cursor=q.cursor)
     totals = await tasks.store.count_by_state(TaskFilter(instance_id=q.instance_id, owner=owner))
-    return MissionPage(
-        items=[mission(r) for r in records], totals=totals, next_cursor=page.next_token or None
-    )
+    return MissionPage(items=[mission(r) for r in records], totals=totals, next_cursor=next_cursor)
 
 
 @api.get(
@@ -117,10 +106,7 @@ async def get_mission(call: Call[NoBody, NoQuery]) -> MissionDetail:
     caller = caller_of(call.require_principal())
     task_id = call.match["task_id"]
     tasks = call.app[TASKS]
-    try:
-        rec = await tasks.get(task_id, caller)
-    except TaskNotFound:
-        raise not_found("mission", task_id) from None
+    rec = await visible_task(tasks, task_id, caller, "mission")
     runs = await tasks.store.runs(task_id)
     audit = await services(call.request).audit.query(
         subject_type="task", subject_id=task_id, limit=1000

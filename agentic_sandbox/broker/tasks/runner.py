@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from agentic_sandbox.broker.sessions.contract import (
+from agentic_sandbox.broker.sessions import (
     AgentUnavailable,
     ExitStatus,
     OutputChunk,
@@ -48,10 +48,6 @@ HITL_ACTOR = "system:hitl"
 PROMPT_SETTLE_SECONDS = 1.0
 WORKING_WRITE_DELAY = 0.02  # see _execute
 KILL_CONFIRM_SECONDS = 5.0
-
-
-class RunLost(Exception):
-    pass
 
 
 class TaskRunner:

@@ -17,15 +17,16 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
 
+from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.sessions.contract import SessionService
+from agentic_sandbox.broker.sessions import SessionService
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks.errors import (
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 INSTANCE_TTL = 2.0  # seconds an instance record is reused before it is read again
 
 
-def json_key(value: Any) -> str:
+def json_key(value: object) -> str:
     return json.dumps(value, sort_keys=True, default=str) if value is not None else ""
 
 
@@ -90,7 +91,7 @@ class TaskStream:
     snapshot: TaskRecord
     subscriber: Subscriber | None
 
-    async def events(self) -> Any:
+    async def events(self) -> AsyncIterator[StreamEvent]:
         """Async iterator of StreamResponse objects after the snapshot."""
         sub = self.subscriber
         if sub is None:
@@ -169,7 +170,7 @@ class TaskService:
         events: EventBus,
         push: PushNotifier,
         sessions: Callable[[], SessionService | None],
-        settings: Any,
+        settings: Settings,
     ) -> None:
         self.db = db
         self.machine = machine
@@ -485,7 +486,7 @@ class TaskService:
         instance_id: str,
         caller: Caller,
         message: dict[str, Any],
-        inp: Any,
+        inp: MessageInput,
         scope: str,
         digest: str,
     ) -> TaskRecord:

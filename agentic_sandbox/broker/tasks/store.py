@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import Insert, Update
 
 from agentic_sandbox.broker.http.body import decode_json
 from agentic_sandbox.broker.store import Database
@@ -80,9 +81,14 @@ def encode_cursor(updated_at: dt.datetime, task_id: str) -> str:
 def decode_cursor(token: str) -> tuple[dt.datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        when, task_id = decode_json(raw)  # a client's token: untrusted JSON
+        doc = decode_json(raw)  # a client's token: untrusted JSON
+        if not isinstance(doc, list) or len(doc) != 2:
+            raise ValueError("bad cursor")
+        when, task_id = doc
+        if not isinstance(when, str) or not isinstance(task_id, str):
+            raise ValueError("bad cursor")
         stamp = dt.datetime.fromisoformat(when)
-        if not isinstance(task_id, str) or stamp.tzinfo is None:
+        if stamp.tzinfo is None:
             raise ValueError("bad cursor")
         return stamp, task_id
     except (ValueError, TypeError, binascii.Error):
@@ -435,7 +441,7 @@ class Claim:
     attempt: int = 1
 
 
-def _claim_statement() -> Any:
+def _claim_statement() -> Insert:
     """One INSERT … SELECT … WHERE (active runs) < quota: the check and the claim are the same
     statement, so two claimers never both pass on one database."""
     active = RUNS.c.state.in_(ACTIVE_RUN_STATES)
@@ -480,7 +486,7 @@ def _claim_params(claim: Claim) -> dict[str, Any]:
     }
 
 
-def _update_task(with_artifacts: bool) -> Any:
+def _update_task(with_artifacts: bool) -> Update:
     cols = ["state", "status_message", "history", "metadata", "version", "updated_at", "status_at"]
     if with_artifacts:
         cols.append("artifacts")

@@ -35,7 +35,7 @@ from agentic_sandbox.broker.tasks.errors import (
 from agentic_sandbox.broker.tasks.keys import TASKS
 from agentic_sandbox.broker.tasks.states import TaskState
 from agentic_sandbox.broker.tasks.store import TaskFilter
-from agentic_sandbox.broker.tasks.views import Mission, caller_of, mission
+from agentic_sandbox.broker.tasks.views import Mission, caller_of, list_page, mission, visible_task
 
 api = ApiRoutes()
 
@@ -179,18 +179,9 @@ async def list_tasks(call: Call[NoBody, V1ListQuery]) -> V1TaskList:
         owner=None if caller.is_admin else caller.subject,
         states=(q.state,) if q.state else (),
     )
-    try:
-        records, page = await tasks.list_tasks(flt, page_size=q.limit, page_token=q.cursor or "")
-    except InvalidTaskInput as exc:
-        raise ProblemError(
-            400,
-            "query.cursor: not a cursor this server handed out",
-            code="invalid-cursor",
-            errors=[{"field": "query.cursor", "message": exc.message, "type": "value"}],
-        ) from None
+    records, next_cursor = await list_page(tasks, flt, limit=q.limit, cursor=q.cursor)
     return V1TaskList(
-        items=[V1Task(**mission(r).model_dump()) for r in records],
-        next_cursor=page.next_token or None,
+        items=[V1Task(**mission(r).model_dump()) for r in records], next_cursor=next_cursor
     )
 
 
@@ -205,11 +196,7 @@ async def list_tasks(call: Call[NoBody, V1ListQuery]) -> V1TaskList:
 async def get_task(call: Call[NoBody, NoQuery]) -> V1Task:
     tasks = call.app[TASKS]
     caller = caller_of(call.require_principal())
-    task_id = call.match["task_id"]
-    try:
-        rec = await tasks.get(task_id, caller)
-    except TaskNotFound:
-        raise not_found("task", task_id) from None
+    rec = await visible_task(tasks, call.match["task_id"], caller, "task")
     _successor(call, rec.instance_id)
     return V1Task(**mission(rec).model_dump(), output=rec.output_text())
 

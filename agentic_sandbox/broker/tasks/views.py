@@ -1,4 +1,6 @@
-"""Response models shared by the v1 task API and the admin missions roll-up."""
+"""What the v1 task API and the admin missions roll-up share: the `Mission` model, the caller
+of a request, and reading a page of tasks or one task with their problems (400 for a cursor
+the server did not hand out, 404 for a task the caller may not see)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ import datetime as dt
 from pydantic import Field
 
 from agentic_sandbox.broker.auth.principal import Principal
-from agentic_sandbox.broker.http.problems import ProblemError
+from agentic_sandbox.broker.http.problems import ProblemError, not_found
 from agentic_sandbox.broker.http.schemas import Output
+from agentic_sandbox.broker.tasks.errors import InvalidTaskInput, TaskNotFound
 from agentic_sandbox.broker.tasks.record import TaskRecord
-from agentic_sandbox.broker.tasks.service import Caller
+from agentic_sandbox.broker.tasks.service import Caller, TaskService
+from agentic_sandbox.broker.tasks.store import TaskFilter
 
 
 class Mission(Output):
@@ -64,3 +68,27 @@ def caller_of(principal: Principal) -> Caller:
             code="forbidden-credential",
         )
     return Caller(subject=principal.subject, actor=principal.actor, is_admin=principal.is_admin)
+
+
+async def list_page(
+    tasks: TaskService, flt: TaskFilter, *, limit: int, cursor: str | None
+) -> tuple[list[TaskRecord], str | None]:
+    """One page of tasks and the cursor of the next (None on the last page)."""
+    try:
+        records, page = await tasks.list_tasks(flt, page_size=limit, page_token=cursor or "")
+    except InvalidTaskInput as exc:
+        raise ProblemError(
+            400,
+            "query.cursor: not a cursor this server handed out",
+            code="invalid-cursor",
+            errors=[{"field": "query.cursor", "message": exc.message, "type": "value"}],
+        ) from None
+    return records, page.next_token or None
+
+
+async def visible_task(tasks: TaskService, task_id: str, caller: Caller, noun: str) -> TaskRecord:
+    """The task if the caller may see it, else 404 naming it as `noun` (task, mission)."""
+    try:
+        return await tasks.get(task_id, caller)
+    except TaskNotFound:
+        raise not_found(noun, task_id) from None

@@ -103,8 +103,7 @@ class running_env:
 
     async def __aenter__(self) -> Env:
         self.svc = await build_services(self.settings)
-        self.svc.sessions = self.fake
-        self.component = TasksComponent(self.svc)
+        self.component = TasksComponent(self.svc, sessions=self.fake)
         await self.component.start()
         return Env(self.svc, self.component.service, self.fake, self.component)
 
@@ -190,8 +189,7 @@ async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
     holder: dict[str, TaskService] = {}
 
     def factory(svc: Services) -> list[Any]:
-        svc.sessions = fake
-        tasks = TasksComponent(svc)
+        tasks = TasksComponent(svc, sessions=fake)
         holder["tasks"] = tasks.service
         return [tasks, A2AComponent(svc, tasks.service)]
 

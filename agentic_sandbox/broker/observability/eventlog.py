@@ -1,0 +1,121 @@
+"""Where events are kept beyond the bus's ring: the `EventLog` protocol and its SQL table.
+
+The bus (`events.py`) allocates each event's `seq`, keeps the newest in a ring and fans them
+out; it hands them to a log in batches, in seq order, and reads older pages back from it. A
+log is the seam several control hosts need: today one process owns the sequence and writes
+the `events` table (`SqlEventLog`, SQLite or PostgreSQL); a leader-held log on PostgreSQL can
+take its place behind the same four calls.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from agentic_sandbox.broker.observability.event import (
+    SUBJECT_FIELDS,
+    Event,
+    EventFilter,
+    type_prefix,
+)
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store import models as m
+
+
+class EventLog(Protocol):
+    async def last_seq(self) -> int:
+        """The highest seq stored (0 for an empty log): the bus continues after it."""
+        ...
+
+    async def tail(self, limit: int) -> list[Event]:
+        """The newest `limit` events, oldest first (they refill the bus's ring at start)."""
+        ...
+
+    async def append(self, batch: list[Event]) -> None:
+        """Store a batch, all or nothing. Seqs ascend and follow every seq stored before."""
+        ...
+
+    async def read(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
+        """Stored events with seq > `after` that match `flt`, oldest first, at most `limit`."""
+        ...
+
+
+class SqlEventLog:
+    """The `events` table; keeps the newest `retention` events (trimmed now and then)."""
+
+    def __init__(self, db: Database, *, retention: int = 1_000_000) -> None:
+        self._db = db
+        self._retention = retention
+
+    async def last_seq(self) -> int:
+        async with self._db.session() as s:
+            return int(await s.scalar(select(func.max(m.Event.seq))) or 0)
+
+    async def tail(self, limit: int) -> list[Event]:
+        async with self._db.session() as s:
+            rows = (
+                await s.scalars(select(m.Event).order_by(m.Event.seq.desc()).limit(limit))
+            ).all()
+        return [from_row(row) for row in reversed(rows)]
+
+    async def append(self, batch: list[Event]) -> None:
+        if not batch:
+            return
+        async with self._db.session() as s:
+            s.add_all(to_row(ev) for ev in batch)
+            last = batch[-1].seq
+            if last % 1000 < len(batch):  # now and then, trim to the retention bound
+                await s.execute(delete(m.Event).where(m.Event.seq <= last - self._retention))
+
+    async def read(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
+        stmt = select(m.Event).where(m.Event.seq > after).order_by(m.Event.seq).limit(limit)
+        if flt.types:
+            stmt = stmt.where(or_(*(_type_clause(t) for t in flt.types)))
+        for key in SUBJECT_FIELDS:
+            want = getattr(flt, key)
+            if want is not None:
+                stmt = stmt.where(getattr(m.Event, key) == want)
+        async with self._db.session() as s:
+            rows = (await s.scalars(stmt)).all()
+        return [from_row(r) for r in rows]
+
+
+def _type_clause(pattern: str) -> ColumnElement[bool]:
+    prefix = type_prefix(pattern)
+    if prefix is None:
+        return m.Event.type == pattern
+    return m.Event.type.startswith(prefix, autoescape=True)
+
+
+def to_row(ev: Event) -> m.Event:
+    return m.Event(
+        seq=ev.seq,
+        type=ev.type,
+        time=ev.time,
+        actor=ev.actor,
+        instance_id=ev.instance_id,
+        session_id=ev.session_id,
+        task_id=ev.task_id,
+        host=ev.host,
+        correlation_id=ev.correlation_id,
+        owner=ev.owner,
+        payload=ev.data,
+    )
+
+
+def from_row(row: m.Event) -> Event:
+    return Event(
+        seq=row.seq,
+        type=row.type,
+        time=row.time,
+        actor=row.actor,
+        instance_id=row.instance_id,
+        session_id=row.session_id,
+        task_id=row.task_id,
+        host=row.host,
+        correlation_id=row.correlation_id,
+        owner=row.owner,
+        data=dict(row.payload or {}),
+    )
