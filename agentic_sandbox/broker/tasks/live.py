@@ -36,6 +36,8 @@ class RunState:
     started: asyncio.Future[None] | None = None  # storing `working` (see runner._execute)
     pending_start: Any = None  # the `working` Step, until it is stored
     start_timer: asyncio.TimerHandle | None = None
+    # A prompt seen before `working` was stored (the write is deferred a moment): applied then.
+    early_prompt: Any = None
     advanced: asyncio.Event = field(default_factory=asyncio.Event)  # set when output arrives
     released: bool = False  # its concurrency slot was given back
 

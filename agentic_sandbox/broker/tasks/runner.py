@@ -182,6 +182,10 @@ class TaskRunner:
     async def _working(self, live: LiveTask, step: Step) -> None:
         with contextlib.suppress(IllegalTransition):  # canceled while starting
             await self.machine.advance(live, [step])
+        run = live.run
+        if run is not None and run.early_prompt is not None:
+            prompt, run.early_prompt = run.early_prompt, None
+            await self._prompted(live, prompt)
 
     # ---- follow ---------------------------------------------------------------------------
     async def _follow(self, live: LiveTask) -> None:
@@ -358,8 +362,14 @@ class TaskRunner:
     # ---- HITL -----------------------------------------------------------------------------
     def on_prompt(self, prompt: Prompt) -> None:
         live = self.live.by_session(prompt.session_id)
-        if live is not None and live.record.state is TaskState.working:
+        if live is None or live.run is None:
+            return
+        if live.record.state is TaskState.working:
             self._spawn(self._prompted(live, prompt), f"task-prompt-{live.id[:8]}")
+        elif live.record.state is TaskState.submitted and live.run.session_id == prompt.session_id:
+            # The run started but `working` is not stored yet (see `_execute`): a prompt that
+            # came that early would otherwise be lost, and the task would wait for ever.
+            live.run.early_prompt = prompt
 
     async def _prompted(self, live: LiveTask, prompt: Prompt) -> None:
         run = live.run

@@ -160,10 +160,20 @@ def install_scripts(fake: FakeSessions) -> None:
         f.emit(s.id, b"y\r\nyou said " + s.inputs[0].strip() + b"\r\n")
         f.exit(s.id, 0)
 
+    async def ask_at_once(f: FakeSessions, s: Any) -> None:
+        # the prompt comes before the task's `working` transition is stored
+        f.emit(s.id, b"Sure? (y/n) ")
+        f.prompt(s.id, "Sure? (y/n)")
+        await s.input_arrived.wait()
+        f.emit(s.id, b"you said " + s.inputs[0].strip() + b"\r\n")
+        f.exit(s.id, 0)
+
     async def fail(f: FakeSessions, s: Any) -> None:
         f.exit(s.id, 7)
 
-    fake.scripts.update({"echo hello": hello, "ticks": ticks, "ask": ask, "exit 7": fail})
+    fake.scripts.update(
+        {"echo hello": hello, "ticks": ticks, "ask": ask, "ask now": ask_at_once, "exit 7": fail}
+    )
 
 
 @pytest.fixture

@@ -198,6 +198,18 @@ async def test_hitl_round_trip(agent: Agent, binding: str) -> None:
         assert "you said y" in artifact_text(ev.task)
 
 
+async def test_a_prompt_before_working_is_stored_still_asks(agent: Agent) -> None:
+    """`working` is stored a moment after the run starts (to batch writes); a prompt the run
+    shows at once used to be dropped, and the task waited for ever."""
+    key = await agent.key(["a2a:invoke"])
+    async with a2a_client(agent.url, key, "JSONRPC", streaming=False) as (client, _):
+        (ev,) = await collect(client.send_message(send_request(text_message("ask now"))))
+        assert state_name(ev.task) == "TASK_STATE_INPUT_REQUIRED"
+        answer = text_message("n", task_id=ev.task.id, context_id=ev.task.context_id)
+        (ev,) = await collect(client.send_message(send_request(answer)))
+        assert state_name(ev.task) == "TASK_STATE_COMPLETED"
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 async def test_rejections(agent: Agent, binding: str) -> None:
     key = await agent.key(["a2a:invoke"])
