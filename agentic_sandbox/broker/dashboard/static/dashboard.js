@@ -80,6 +80,7 @@ function startFeed() {
     onEvent,
     onGap,
     onStatus: (status, detail) => {
+      document.body.dataset.feed = status;
       renderFeedStatus(status, detail);
       // After a reconnect, anything not replayed (lists are snapshots) is reloaded once.
       if (status === "live" && feed && feed.connects > 1) refreshAll();
@@ -228,6 +229,7 @@ async function showApp() {
     tasks.load(),
     loadOperations(),
   ]);
+  document.body.dataset.loaded = "app"; // every request of the load answered (tests wait on it)
 }
 
 function signedOut() {
@@ -244,6 +246,7 @@ function signedOut() {
   $("#login").hidden = false;
   $("#login-error").textContent = "Your session ended: sign in again.";
   $("#token").focus();
+  document.body.dataset.loaded = "login";
 }
 
 onUnauthorized(() => { if (me) signedOut(); });
@@ -271,7 +274,8 @@ $("#logout").addEventListener("click", async () => {
 // not signed in shows the form without asking (an anonymous whoami on every load would be a
 // refusal the server audits and shows in the events panel).
 if (document.querySelector('meta[name="sandbox-session"]')?.content === "signed-in") {
-  showApp().catch(() => { $("#token").focus(); /* the session ended meanwhile */ });
+  showApp().catch(() => { $("#token").focus(); document.body.dataset.loaded = "login"; /* the session ended meanwhile */ });
 } else {
   $("#token").focus();
+  document.body.dataset.loaded = "login";
 }
