@@ -1,10 +1,39 @@
 """The agent link: the server's CA, enrollment, the gRPC service and the registry of agents.
 
-Public face: `AgentLinkComponent` (wired in `broker/components.py`), `AgentConnection` and
-`LinkHandler` (what the session hub implements), `LinkClosed`.
+Public face: `AgentLinkComponent` (wired in `broker/components.py`); `AgentConnection` (one
+agent's link and its typed commands), `LinkClosed`; `LinkHandler` (what the session hub
+implements) and the typed values it receives and answers with (`messages.py`): protobuf
+never leaves this package.
 """
 
 from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
 from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed, LinkHandler
+from agentic_sandbox.broker.agentlink.messages import (
+    SIGNAL_NAMES,
+    Exited,
+    ExitReport,
+    Inventory,
+    Opened,
+    OpenRequest,
+    Output,
+    Reconciled,
+    Resume,
+    SignalName,
+)
 
-__all__ = ["AgentConnection", "AgentLinkComponent", "LinkClosed", "LinkHandler"]
+__all__ = [
+    "SIGNAL_NAMES",
+    "AgentConnection",
+    "AgentLinkComponent",
+    "ExitReport",
+    "Exited",
+    "Inventory",
+    "LinkClosed",
+    "LinkHandler",
+    "OpenRequest",
+    "Opened",
+    "Output",
+    "Reconciled",
+    "Resume",
+    "SignalName",
+]

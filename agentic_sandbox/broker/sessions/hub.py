@@ -39,7 +39,20 @@ from aiohttp import web
 from prometheus_client import Counter as MetricCounter
 from sqlalchemy import select, update
 
-from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed
+from agentic_sandbox.broker.agentlink import (
+    SIGNAL_NAMES,
+    AgentConnection,
+    Exited,
+    ExitReport,
+    Inventory,
+    LinkClosed,
+    Opened,
+    OpenRequest,
+    Output,
+    Reconciled,
+    Resume,
+    SignalName,
+)
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.sessions import protocol as proto
@@ -62,7 +75,6 @@ from agentic_sandbox.broker.sessions.redaction import StreamRedactor
 from agentic_sandbox.broker.sessions.ring import OutputRing
 from agentic_sandbox.broker.sessions.screen import INCREMENTAL_MAX, ScreenTracker, Snapshot
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.proto import agent_pb2 as pb
 
 if TYPE_CHECKING:
     from agentic_sandbox.broker.agentlink.registry import AgentRegistry
@@ -72,12 +84,7 @@ log = logging.getLogger(__name__)
 
 ENDED = frozenset({"exited", "failed", "lost"})
 LIVE = ("starting", "running", "killing")
-SIGNALS = {
-    "INT": pb.SIGNAL_INT,
-    "TERM": pb.SIGNAL_TERM,
-    "KILL": pb.SIGNAL_KILL,
-    "HUP": pb.SIGNAL_HUP,
-}
+SIGNALS: dict[str, SignalName] = {name: name for name in SIGNAL_NAMES}
 HOUSEKEEPING_SECONDS = 0.25
 OFFSET_PERSIST_SECONDS = 2.0
 SECRETS_REFRESH_SECONDS = 10.0
@@ -138,7 +145,7 @@ class HubSession:
     followers: set[Follower] = field(default_factory=set)
     exit: ExitStatus | None = None
     exit_waiters: list[asyncio.Future[ExitStatus]] = field(default_factory=list)
-    opening: asyncio.Future[pb.SessionOpened] | None = None
+    opening: asyncio.Future[Opened] | None = None
     kill_requested: bool = False
     persisted_offset: int = 0
     last_output: float = 0.0
@@ -165,21 +172,16 @@ class HubSession:
         return sum(1 for c in self.clients.values() if c.role == proto.ROLE_OBSERVER)
 
 
-def _exit_from_pb(info: pb.ExitInfo) -> ExitStatus:
+def _exit_status(report: ExitReport) -> ExitStatus:
     """The agent's exit report, with its strings bounded (they reach rows, events and logs)."""
-    signal = info.signal if _SIGNAL_NAME.fullmatch(info.signal) else None
-    reason = info.error[:EXIT_REASON_CHARS]
-    if info.signal and signal is None:
+    signal = report.signal if _SIGNAL_NAME.fullmatch(report.signal) else None
+    reason = report.error[:EXIT_REASON_CHARS]
+    if report.signal and signal is None:
         reason = reason or "killed by a signal the agent named oddly"
-    return ExitStatus(
-        code=info.code if info.has_code else None,
-        signal=signal,
-        lost=False,
-        reason=reason,
-    )
+    return ExitStatus(code=report.code, signal=signal, lost=False, reason=reason)
 
 
-def _inventory_ok(inv: pb.SessionInventory) -> bool:
+def _inventory_ok(inv: Inventory) -> bool:
     """Offsets an agent's session can really have."""
     return inv.ring_start <= inv.end_offset <= MAX_OFFSET
 
@@ -573,7 +575,7 @@ class SessionHub:
         self._add(sess)
         loop = asyncio.get_running_loop()
         sess.opening = loop.create_future()
-        open_msg = pb.OpenSession(
+        request = OpenRequest(
             session_id=sid,
             command=sess.command or [],
             cols=cols,
@@ -584,7 +586,7 @@ class SessionHub:
             task_id=spec.task_id or "",
         )
         try:
-            conn.send(pb.ServerMessage(open=open_msg))
+            conn.open_session(request)
             opened = await asyncio.wait_for(
                 asyncio.shield(sess.opening), self.settings.session_open_timeout_seconds
             )
@@ -642,7 +644,7 @@ class SessionHub:
     def _send_input(self, sess: HubSession, data: bytes) -> None:
         conn = self._link(sess.instance_id)
         try:
-            conn.send(pb.ServerMessage(input=pb.SessionInput(session_id=sess.id, data=data)))
+            conn.send_input(sess.id, data)
         except LinkClosed as exc:
             raise AgentUnavailable(str(exc)) from None
         self.metrics.session_input_bytes.inc(len(data))
@@ -658,7 +660,7 @@ class SessionHub:
             raise SessionError(f"unknown signal {signal!r}; use INT, TERM, KILL or HUP")
         conn = self._link(sess.instance_id)
         try:
-            conn.send(pb.ServerMessage(signal=pb.SignalSession(session_id=sess.id, signal=sig)))
+            conn.signal(sess.id, sig)
         except LinkClosed as exc:
             raise AgentUnavailable(str(exc)) from None
         self.audit.record(
@@ -687,14 +689,7 @@ class SessionHub:
         conn = self.registry.get(sess.instance_id) if self.registry is not None else None
         if conn is not None and conn.ready:
             with contextlib.suppress(LinkClosed):
-                conn.send(
-                    pb.ServerMessage(
-                        close=pb.CloseSession(
-                            session_id=sess.id,
-                            grace_ms=int(self.settings.session_kill_grace_seconds * 1000),
-                        )
-                    )
-                )
+                conn.close_session(sess.id, int(self.settings.session_kill_grace_seconds * 1000))
         # else: the agent is told to end it when it registers again
 
     def follow_output(self, session_id: str, from_offset: int = 0) -> AsyncIterator[OutputChunk]:
@@ -931,7 +926,7 @@ class SessionHub:
         self._refuse(conn, what, reason, session_id)
         return None
 
-    def on_output(self, conn: AgentConnection, msg: pb.SessionOutput) -> None:
+    def on_output(self, conn: AgentConnection, msg: Output) -> None:
         sess = self._sessions.get(msg.session_id)
         if sess is None or not self._belongs(sess, conn):
             self._mine(conn, msg.session_id, "output")
@@ -966,7 +961,7 @@ class SessionHub:
             self._append(sess, out)
         conn.ack(sess.id, sess.ring.end)
 
-    def on_opened(self, conn: AgentConnection, msg: pb.SessionOpened) -> None:
+    def on_opened(self, conn: AgentConnection, msg: Opened) -> None:
         sess = self._mine(conn, msg.session_id, "opened")
         if sess is None:
             return
@@ -974,7 +969,7 @@ class SessionHub:
             msg.error = msg.error[:EXIT_REASON_CHARS]
             sess.opening.set_result(msg)
 
-    def on_exit(self, conn: AgentConnection, msg: pb.SessionExit) -> None:
+    def on_exit(self, conn: AgentConnection, msg: Exited) -> None:
         sess = self._mine(conn, msg.session_id, "exit")
         if sess is None:
             return
@@ -986,14 +981,14 @@ class SessionHub:
                     sess.recv_end,
                     min(msg.end_offset, MAX_OFFSET),
                 )
-            status = _exit_from_pb(msg.exit)
-            if msg.exit.error and not msg.exit.has_code and not msg.exit.signal:
+            status = _exit_status(msg.exit)
+            if msg.exit.error and msg.exit.code is None and not msg.exit.signal:
                 self._end(sess, "failed", status, actor=f"agent:{conn.instance_id}")
             else:
                 self._end(sess, "exited", status, actor=f"agent:{conn.instance_id}")
         conn.forget_session(sess.id)
         with contextlib.suppress(LinkClosed):
-            conn.send(pb.ServerMessage(close=pb.CloseSession(session_id=sess.id)))
+            conn.close_session(sess.id)
 
     def on_disconnect(self, conn: AgentConnection) -> None:
         self._refusals.pop(conn.id, None)
@@ -1017,13 +1012,11 @@ class SessionHub:
                     )
                 )
 
-    async def on_register(
-        self, conn: AgentConnection, register: pb.Register
-    ) -> tuple[list[pb.ResumeOutput], list[str]]:
+    async def on_register(self, conn: AgentConnection, register: list[Inventory]) -> Reconciled:
         refused: Counter[str] = Counter()
-        inventory: dict[str, pb.SessionInventory] = {}
+        inventory: dict[str, Inventory] = {}
         impossible: set[str] = set()  # well-formed ids whose report cannot be true
-        for item in register.sessions:
+        for item in register:
             if not is_session_id(item.session_id):
                 refused["bad-id"] += 1  # never looked up, stored or echoed back
             elif not _inventory_ok(item):
@@ -1033,7 +1026,7 @@ class SessionHub:
                 inventory[item.session_id] = item
         for sid in impossible & inventory.keys():  # one impossible report for an id is enough
             del inventory[sid]
-        resume: list[pb.ResumeOutput] = []
+        resume: list[Resume] = []
         close: list[str] = []
         actor = f"agent:{conn.instance_id}"
         for sess in [s for s in self._sessions.values() if s.instance_id == conn.instance_id]:
@@ -1062,9 +1055,7 @@ class SessionHub:
                     actor=actor,
                 )
                 continue
-            resume.append(
-                pb.ResumeOutput(session_id=sess.id, from_offset=self._resume_point(sess, inv))
-            )
+            resume.append(Resume(sess.id, self._resume_point(sess, inv)))
             if sess.kill_requested:
                 close.append(sess.id)
         close.extend(impossible)  # unknown to this instance: end them
@@ -1091,9 +1082,9 @@ class SessionHub:
                 len(close),
                 extra={"instance_id": conn.instance_id},
             )
-        return resume, close
+        return Reconciled(resume, close)
 
-    def _resume_point(self, sess: HubSession, inv: pb.SessionInventory) -> int:
+    def _resume_point(self, sess: HubSession, inv: Inventory) -> int:
         ring = sess.ring
         # After a restart the ring is empty: refill it with the most the agent still holds.
         frm = ring.end if sess.synced else max(inv.ring_start, inv.end_offset - ring.capacity)
@@ -1117,7 +1108,7 @@ class SessionHub:
             sess.cols, sess.rows = cols, rows
             if sess.screen is not None:
                 sess.screen.resize(cols, rows)
-        if sess.state == "starting" and inv.state == pb.SESSION_STATE_RUNNING:
+        if sess.state == "starting" and inv.running:
             sess.state = "running"
             self._persist(sess.id, state="running")
         sess.notify()
@@ -1126,8 +1117,8 @@ class SessionHub:
     async def _adopt(
         self,
         conn: AgentConnection,
-        unknown: dict[str, pb.SessionInventory],
-        resume: list[pb.ResumeOutput],
+        unknown: dict[str, Inventory],
+        resume: list[Resume],
         close: list[str],
         refused: Counter[str],
     ) -> None:
@@ -1138,15 +1129,15 @@ class SessionHub:
         room = self.settings.session_max_per_instance - sum(
             1 for s in self._sessions.values() if s.instance_id == iid and not s.ended
         )
-        pending: list[tuple[str, pb.SessionInventory]] = []
+        pending: list[tuple[str, Inventory]] = []
         for sid, inv in unknown.items():
             if sid in self._sessions:  # held for another instance (this one's matched above)
                 refused["not-owned"] += 1
                 close.append(sid)
             else:
                 pending.append((sid, inv))
-        known_rows: list[tuple[m.Session, pb.SessionInventory]] = []
-        new: list[tuple[str, pb.SessionInventory]] = []
+        known_rows: list[tuple[m.Session, Inventory]] = []
+        new: list[tuple[str, Inventory]] = []
         looked = 0
         while looked < len(pending) and room > 0:
             batch = pending[looked : looked + ID_LOOKUP_BATCH]
@@ -1190,13 +1181,11 @@ class SessionHub:
             sess.synced = False
             sess.redactor.set(secrets)
             self._add(sess)
-            resume.append(
-                pb.ResumeOutput(session_id=row.id, from_offset=self._resume_point(sess, inv))
-            )
+            resume.append(Resume(row.id, self._resume_point(sess, inv)))
 
     async def _adopt_rows(
-        self, conn: AgentConnection, new: list[tuple[str, pb.SessionInventory]]
-    ) -> list[tuple[m.Session, pb.SessionInventory]]:
+        self, conn: AgentConnection, new: list[tuple[str, Inventory]]
+    ) -> list[tuple[m.Session, Inventory]]:
         """Rows (and recordings) for sessions the server lost track of (e.g. its database was
         reset), owned by the instance's owner."""
         iid = conn.instance_id
@@ -1210,7 +1199,7 @@ class SessionHub:
                     )
                 )
         now = dt.datetime.now(dt.UTC)
-        rows: list[tuple[m.Session, pb.SessionInventory]] = []
+        rows: list[tuple[m.Session, Inventory]] = []
         for sid, inv in new:
             cols, rows_ = _size(inv.cols, inv.rows)
             row = m.Session(
@@ -1524,9 +1513,7 @@ class SessionHub:
             return
         conn = self._link(sess.instance_id)
         try:
-            conn.send(
-                pb.ServerMessage(resize=pb.ResizeSession(session_id=sess.id, cols=cols, rows=rows))
-            )
+            conn.resize(sess.id, cols, rows)
         except LinkClosed as exc:
             raise AgentUnavailable(str(exc)) from None
         sess.cols, sess.rows = cols, rows
@@ -1540,7 +1527,7 @@ class SessionHub:
         for c in sess.clients.values():
             c.queue(msg)
 
-    def client_signal(self, client: AttachedClient, name: str) -> None:
+    def client_signal(self, client: AttachedClient, name: SignalName) -> None:
         sess = client.session
         if sess.controller is not client:
             client.queue(proto.error("not-controller", "only the controller sends signals"))
@@ -1548,10 +1535,9 @@ class SessionHub:
         if sess.ended:
             client.queue(proto.error("session-ended", "the session has ended"))
             return
-        sig = SIGNALS[name]
         try:
             conn = self._link(sess.instance_id)
-            conn.send(pb.ServerMessage(signal=pb.SignalSession(session_id=sess.id, signal=sig)))
+            conn.signal(sess.id, name)
         except (AgentUnavailable, LinkClosed) as exc:
             client.queue(proto.error("agent-unavailable", str(exc)))
 
