@@ -13,6 +13,8 @@ clients are `protocol.py`'s builders.
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentic_sandbox.broker.agentlink import SignalName
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.config import Settings
@@ -23,7 +25,7 @@ from agentic_sandbox.broker.sessions import protocol as proto
 from agentic_sandbox.broker.sessions.clients import AttachedClient, ClientTransport
 from agentic_sandbox.broker.sessions.commands import AgentCommands
 from agentic_sandbox.broker.sessions.contract import AgentUnavailable
-from agentic_sandbox.broker.sessions.session import HubSession
+from agentic_sandbox.broker.sessions.session import HubSession, publish
 
 OBSERVE_ONLY = "you may only observe this session (control needs the operator role and ownership)"
 SESSION_ENDED = "the session has ended"
@@ -113,14 +115,7 @@ class ControlArbiter:
         if notice is not None:
             client.queue(notice)
         self._broadcast_members(sess, skip=client)
-        self._events.publish(
-            "session.attached",
-            actor=principal.actor,
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            owner=sess.owner,
-            data={"client": client.id, "role": client.role},
-        )
+        self._publish(sess, client, "session.attached", {"client": client.id, "role": client.role})
         return client
 
     def detach(self, sess: HubSession, client: AttachedClient) -> None:
@@ -131,17 +126,18 @@ class ControlArbiter:
         client.wake.set()
         if sess.controller is client:
             sess.controller = None
-            self._control_event(
-                sess, client, {"controller": None, "reason": "controller disconnected"}
+            self._publish(
+                sess,
+                client,
+                "session.control",
+                {"controller": None, "reason": "controller disconnected"},
             )
         self._broadcast_members(sess)
-        self._events.publish(
+        self._publish(
+            sess,
+            client,
             "session.detached",
-            actor=client.principal.actor,
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            owner=sess.owner,
-            data={"client": client.id, "reason": client.close_reason or "closed"},
+            {"client": client.id, "reason": client.close_reason or "closed"},
         )
 
     # ---- the lease ---------------------------------------------------------------------------
@@ -176,9 +172,10 @@ class ControlArbiter:
             proto.ROLE_CONTROLLER,
             "forced takeover" if previous is not None else "control was free",
         )
-        self._control_event(
+        self._publish(
             sess,
             client,
+            "session.control",
             {"controller": client.subject, "client": client.id, "forced": previous is not None},
         )
         self._broadcast_members(sess)
@@ -189,7 +186,7 @@ class ControlArbiter:
             return
         sess.controller = None
         self._set_role(client, proto.ROLE_OBSERVER, "released")
-        self._control_event(sess, client, {"controller": None, "reason": "released"})
+        self._publish(sess, client, "session.control", {"controller": None, "reason": "released"})
         self._broadcast_members(sess)
 
     # ---- the controller's commands -------------------------------------------------------------
@@ -254,14 +251,7 @@ class ControlArbiter:
         client.role = role
         client.queue(proto.role(role, reason))
 
-    def _control_event(
-        self, sess: HubSession, client: AttachedClient, data: dict[str, str | bool | None]
+    def _publish(
+        self, sess: HubSession, client: AttachedClient, type_: str, data: dict[str, Any]
     ) -> None:
-        self._events.publish(
-            "session.control",
-            actor=client.principal.actor,
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            owner=sess.owner,
-            data=data,
-        )
+        publish(self._events, sess, type_, actor=client.principal.actor, data=data, with_task=False)

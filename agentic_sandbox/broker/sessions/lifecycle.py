@@ -20,7 +20,7 @@ from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.sessions.contract import ExitStatus, SessionError
 from agentic_sandbox.broker.sessions.output import OutputPipeline
 from agentic_sandbox.broker.sessions.rows import SessionRows
-from agentic_sandbox.broker.sessions.session import HubSession
+from agentic_sandbox.broker.sessions.session import HubSession, publish
 from agentic_sandbox.broker.sessions.states import SessionState
 from agentic_sandbox.broker.sessions.trust import EXIT_REASON_CHARS
 
@@ -61,13 +61,11 @@ class Lifecycle:
             cause="created",
             detail={"instance_id": sess.instance_id},
         )
-        self._events.publish(
+        publish(
+            self._events,
+            sess,
             "session.created",
             actor=actor,
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            task_id=sess.task_id,
-            owner=sess.owner,
             data={
                 "name": sess.name,
                 "command": sess.command,
@@ -92,14 +90,7 @@ class Lifecycle:
         sess.kill_requested = True
         if first:
             self._audit.record(actor, "session.kill", "session", sess.id)
-            self._events.publish(
-                "session.kill_requested",
-                actor=actor,
-                instance_id=sess.instance_id,
-                session_id=sess.id,
-                task_id=sess.task_id,
-                owner=sess.owner,
-            )
+            publish(self._events, sess, "session.kill_requested", actor=actor)
         if sess.state != SessionState.starting:
             self.move(sess, SessionState.killing)
 
@@ -145,13 +136,11 @@ class Lifecycle:
             cause=status.reason or how,
             detail={"code": status.code, "signal": status.signal},
         )
-        self._events.publish(
+        publish(
+            self._events,
+            sess,
             f"session.{state.value}",
             actor=actor,
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            task_id=sess.task_id,
-            owner=sess.owner,
             data={
                 "code": status.code,
                 "signal": status.signal,

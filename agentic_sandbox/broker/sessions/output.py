@@ -30,7 +30,7 @@ from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.sessions.contract import Prompt, PromptListener
 from agentic_sandbox.broker.sessions.hitl import TAIL_BYTES, detect_prompt
 from agentic_sandbox.broker.sessions.screen import INCREMENTAL_MAX
-from agentic_sandbox.broker.sessions.session import HubSession
+from agentic_sandbox.broker.sessions.session import HubSession, publish
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,11 @@ class OutputPipeline:
             return
         prompt = Prompt(session_id=sess.id, text=text, offset=sess.ring.end)
         self._prompts.inc()
-        self._events.publish(
+        publish(
+            self._events,
+            sess,
             "session.prompt",
             actor=f"agent:{sess.instance_id}",
-            instance_id=sess.instance_id,
-            session_id=sess.id,
-            task_id=sess.task_id,
-            owner=sess.owner,
             data={"text": text, "offset": prompt.offset},
         )
         for listener in list(self._listeners):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from agentic_sandbox.broker.agentlink import Opened
 from agentic_sandbox.broker.sessions import protocol as proto
@@ -22,6 +23,9 @@ from agentic_sandbox.broker.sessions.ring import OutputRing
 from agentic_sandbox.broker.sessions.screen import ScreenTracker, Snapshot
 from agentic_sandbox.broker.sessions.states import SessionState
 from agentic_sandbox.broker.store import models as m
+
+if TYPE_CHECKING:
+    from agentic_sandbox.broker.observability.events import EventBus
 
 
 class Follower:
@@ -140,3 +144,25 @@ class HubSession:
             self.screen.resize(cols, rows)
         if self.recording is not None:
             self.recording.resize(cols, rows)
+
+
+def publish(
+    events: EventBus,
+    sess: HubSession,
+    type_: str,
+    *,
+    actor: str,
+    data: dict[str, Any] | None = None,
+    with_task: bool = True,
+) -> None:
+    """An event about a session: its instance, id, owner and (unless `with_task` is False, as
+    for the attach and control events) its task."""
+    events.publish(
+        type_,
+        actor=actor,
+        instance_id=sess.instance_id,
+        session_id=sess.id,
+        task_id=sess.task_id if with_task else None,
+        owner=sess.owner,
+        data=data,
+    )
