@@ -101,6 +101,19 @@ class HubServer:
             await agent.register()
         return agent
 
+    async def session(
+        self, instance_id: str, secrets: dict[str, str] | None = None
+    ) -> tuple[LinkedAgent, HubSession]:
+        """A running session (a shell, owned by the admin) on the agent of a new instance,
+        with these secrets (name -> value) bound to the instance before it opens."""
+        agent = await self.agent(instance_id)
+        for name, value in (secrets or {}).items():
+            await self.secret(name, value, instance_id)
+        sid = await agent.open(SessionSpec(instance_id=instance_id, owner="admin", command=["sh"]))
+        sess = self.hub.get(sid)
+        assert sess is not None
+        return agent, sess
+
 
 @contextlib.asynccontextmanager
 async def hub_server(tmp_path: Path, **settings: Any) -> AsyncIterator[HubServer]:

@@ -17,7 +17,7 @@ import pytest
 
 from agentic_sandbox.broker.agentlink import Inventory
 from agentic_sandbox.broker.auth.principal import Role
-from agentic_sandbox.broker.sessions.contract import Prompt, SessionSpec
+from agentic_sandbox.broker.sessions.contract import Prompt
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.broker.sessions.states import SessionState
 from agentic_sandbox.proto import agent_pb2 as pb
@@ -36,18 +36,13 @@ def recorded_output(sess: HubSession) -> str:
     return "".join(ev[2] for ev in map(json.loads, lines) if ev[1] == "o")
 
 
-def spec(instance_id: str) -> SessionSpec:
-    return SessionSpec(instance_id=instance_id, owner="admin", command=["sh"])
-
-
 async def test_output_reaches_the_ring_clients_recording_and_metrics_once(
     tmp_path: Path,
 ) -> None:
     async with hub_server(tmp_path) as hs:
-        agent = await hs.agent("out-1")
-        sid = await agent.open(spec("out-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None and sess.state == SessionState.running
+        agent, sess = await hs.session("out-1")
+        sid = sess.id
+        assert sess.state == SessionState.running
         before = hs.metric(OUTPUT_BYTES)
         _, seen = attach(hs.hub, sess, principal("olga", Role.viewer))
 
@@ -71,11 +66,8 @@ async def test_output_reaches_the_ring_clients_recording_and_metrics_once(
 
 async def test_a_secret_printed_a_byte_at_a_time_never_shows(tmp_path: Path) -> None:
     async with hub_server(tmp_path, session_hitl_quiet_ms=20) as hs:
-        agent = await hs.agent("red-1")
-        await hs.secret("token", SECRET, "red-1")
-        sid = await agent.open(spec("red-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None
+        agent, sess = await hs.session("red-1", secrets={"token": SECRET})
+        sid = sess.id
         before = hs.metric(OUTPUT_BYTES)
         _, seen = attach(hs.hub, sess, principal("olga", Role.viewer))
 
@@ -106,11 +98,8 @@ async def test_a_gap_masks_what_was_held_and_continues_at_the_new_offset(
     tmp_path: Path,
 ) -> None:
     async with hub_server(tmp_path) as hs:
-        agent = await hs.agent("gap-1")
-        await hs.secret("token", SECRET, "gap-1")
-        sid = await agent.open(spec("gap-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None
+        agent, sess = await hs.session("gap-1", secrets={"token": SECRET})
+        sid = sess.id
         agent.output(sid, 0, b"abc " + SECRET.encode()[:4])  # the last 4 bytes are held
         assert sess.ring.end == 4
         agent.output(sid, 1000, b"later\n")  # the agent's ring lost 8..1000
@@ -124,10 +113,8 @@ async def test_a_prompt_is_raised_once_output_is_quiet_and_only_once(tmp_path: P
     async with hub_server(tmp_path, session_hitl_quiet_ms=40) as hs:
         prompts: list[Prompt] = []
         hs.hub.add_prompt_listener(prompts.append)
-        agent = await hs.agent("hitl-1")
-        sid = await agent.open(spec("hitl-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None
+        agent, sess = await hs.session("hitl-1")
+        sid = sess.id
 
         agent.output(sid, 0, b"Are you sure? [y/N]\r\n")  # scrolls past: not a prompt
         agent.output(sid, 21, b"Overwrite file.txt? (y/n) ")
@@ -148,10 +135,7 @@ async def test_a_prompt_is_raised_once_output_is_quiet_and_only_once(tmp_path: P
 
 async def test_one_controller_and_only_the_controller_reaches_the_pty(tmp_path: Path) -> None:
     async with hub_server(tmp_path) as hs:
-        agent = await hs.agent("ctl-1")
-        sid = await agent.open(spec("ctl-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None
+        agent, sess = await hs.session("ctl-1")
         control = hs.hub.control
         alice, alice_seen = attach(
             hs.hub, sess, principal("admin"), want_control=True, may_control=True
@@ -217,10 +201,8 @@ async def test_the_exit_follows_the_last_output_and_the_agent_is_told_to_forget(
     tmp_path: Path,
 ) -> None:
     async with hub_server(tmp_path) as hs:
-        agent = await hs.agent("exit-1")
-        sid = await agent.open(spec("exit-1"))
-        sess = hs.hub.get(sid)
-        assert sess is not None
+        agent, sess = await hs.session("exit-1")
+        sid = sess.id
         _, seen = attach(hs.hub, sess, principal("olga", Role.viewer))
         agent.output(sid, 0, b"bye\r\n")
         agent.exit(sid, 5, code=3)
