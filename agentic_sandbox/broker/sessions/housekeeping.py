@@ -60,7 +60,10 @@ class Housekeeping:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
-            await self.sweep(loop.time())
+            try:
+                await self.sweep(loop.time())
+            except Exception:  # one bad sweep must not end them all
+                log.exception("session housekeeping failed; it goes on")
 
     async def sweep(self, now: float) -> None:
         persist_offsets = now - self._last_offset_persist >= OFFSET_PERSIST_SECONDS
@@ -70,11 +73,7 @@ class Housekeeping:
             self._last_secrets_refresh = now
             await self.refresh_secrets()
         for sess in self._table.all():
-            if sess.recording is not None:
-                try:
-                    sess.recording.flush()
-                except OSError:
-                    log.exception("flushing recording of %s failed", sess.id)
+            sess.flush_recording()
             for client in list(sess.clients.values()):
                 since = client.sending_since
                 if since is not None and now - since > self._stall:
@@ -101,8 +100,7 @@ class Housekeeping:
                     self._output.set_secrets(sess, values)
 
     def _evict(self, sess: HubSession) -> None:
-        if sess.recording is not None:
-            sess.recording.close()
+        sess.close_recording()
         sess.ring.release()
         sess.screen = None
         self._table.remove(sess)

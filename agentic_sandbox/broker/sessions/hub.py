@@ -178,8 +178,7 @@ class SessionHub:
                 client.kick("server shutting down")
             for follower in sess.followers:
                 follower.wake.set()
-            if sess.recording is not None:
-                sess.recording.flush()
+            sess.flush_recording()
             if sess.ring.end != sess.persisted_offset:
                 self.rows.persist(sess.id, output_offset=sess.ring.end)
         await asyncio.sleep(0)
@@ -189,8 +188,7 @@ class SessionHub:
                 await self._sweep
         await self.rows.stop()
         for sess in self._sessions:
-            if sess.recording is not None:
-                sess.recording.close()
+            sess.close_recording()
 
     # ============================================================================== queries
     def get(self, session_id: str) -> HubSession | None:

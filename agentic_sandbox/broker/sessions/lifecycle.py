@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
@@ -23,8 +22,6 @@ from agentic_sandbox.broker.sessions.rows import SessionRows
 from agentic_sandbox.broker.sessions.session import HubSession, publish
 from agentic_sandbox.broker.sessions.states import SessionState
 from agentic_sandbox.broker.sessions.trust import EXIT_REASON_CHARS
-
-log = logging.getLogger(__name__)
 
 
 class Lifecycle:
@@ -103,11 +100,7 @@ class Lifecycle:
         sess.state = state
         sess.exit = status
         sess.ended_mono = asyncio.get_running_loop().time()
-        if sess.recording is not None:
-            try:
-                sess.recording.close()
-            except OSError:
-                log.exception("closing recording of %s failed", sess.id)
+        sess.close_recording()
         now = dt.datetime.now(dt.UTC)
         sess.ended_at = now
         sess.persisted_offset = sess.ring.end

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from agentic_sandbox.broker.store import models as m
 
 if TYPE_CHECKING:
     from agentic_sandbox.broker.observability.events import EventBus
+
+log = logging.getLogger(__name__)
 
 
 class Follower:
@@ -135,6 +138,22 @@ class HubSession:
         return proto.exit_(
             code=ex.code, signal=ex.signal, lost=ex.lost, reason=ex.reason, offset=self.ring.end
         )
+
+    def flush_recording(self) -> None:
+        """Write the recording's buffer out (a failure, e.g. a full disk, is logged)."""
+        if self.recording is not None:
+            try:
+                self.recording.flush()
+            except OSError:
+                log.exception("flushing recording of %s failed", self.id)
+
+    def close_recording(self) -> None:
+        """Close the recording (a failure is logged; closing again tries again)."""
+        if self.recording is not None:
+            try:
+                self.recording.close()
+            except OSError:
+                log.exception("closing recording of %s failed", self.id)
 
     def set_size(self, cols: int, rows: int) -> None:
         """The PTY has this size from now on (the screen and the recording follow)."""

@@ -9,7 +9,9 @@ transport) with everything between them real (see `tests/support/inproc_hub.py`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -254,4 +256,38 @@ async def test_registration_adopts_within_the_cap_and_drops_what_is_not_the_agen
         assert adopted.ring.end == 0
         assert hs.metric("sandbox_agent_refusals_total", reason="not-owned") == 1
         await other.close()
+        await agent.close()
+
+
+def _fill_disk_under(path: Path) -> None:
+    """From now on, writes to the open file at `path` fail as on a full disk (ENOSPC): its
+    descriptor is pointed at /dev/full."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                    os.dup2(full, int(fd))
+                    return
+    finally:
+        os.close(full)
+    raise AssertionError(f"{path} is not open")
+
+
+async def test_a_recording_that_cannot_be_written_does_not_stop_the_sweep(
+    tmp_path: Path,
+) -> None:
+    async with hub_server(tmp_path, session_retain_seconds=0) as hs:
+        agent, sess = await hs.session("full-1")
+        assert sess.recording is not None
+        _fill_disk_under(sess.recording.path)
+        agent.output(sess.id, 0, b"x" * 4096)  # buffered; every flush of it fails
+        agent.exit(sess.id, 4096)
+        await until(lambda: hs.hub.get(sess.id) is None, "the ended session evicted")
+
+        # the sweep goes on: the next ended session is evicted too
+        agent2, sess2 = await hs.session("full-2")
+        agent2.exit(sess2.id, 0)
+        await until(lambda: hs.hub.get(sess2.id) is None, "the next ended session evicted")
+        await agent2.close()
         await agent.close()
