@@ -266,7 +266,7 @@ class SessionHub:
             task_id=spec.task_id or "",
         )
         try:
-            with closed_is_unavailable():
+            with closed_is_unavailable:
                 conn.open_session(request)  # the link the session's incarnation was taken from
             opened = await asyncio.wait_for(
                 asyncio.shield(sess.opening), self.settings.session_open_timeout_seconds
