@@ -59,10 +59,6 @@ class Output:
     offset: int
     data: bytes
 
-    @classmethod
-    def from_pb(cls, msg: pb.SessionOutput) -> Output:
-        return cls(msg.session_id, msg.offset, msg.data)
-
 
 @dataclass(slots=True)
 class Exited:

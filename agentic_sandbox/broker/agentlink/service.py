@@ -426,7 +426,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
 
     # ---- receivers: protobuf in, typed values to the handler ---------------------------------
     def _receive_output(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
-        self._handler.on_output(conn, Output.from_pb(msg.output))
+        out = msg.output  # (built inline: this runs for every output message)
+        self._handler.on_output(conn, Output(out.session_id, out.offset, out.data))
 
     def _receive_opened(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
         self._handler.on_opened(conn, Opened.from_pb(msg.opened))

@@ -22,7 +22,7 @@ from agentic_sandbox.broker.sessions.recording import Recording
 from agentic_sandbox.broker.sessions.redaction import StreamRedactor
 from agentic_sandbox.broker.sessions.ring import OutputRing
 from agentic_sandbox.broker.sessions.screen import ScreenTracker, Snapshot
-from agentic_sandbox.broker.sessions.states import SessionState
+from agentic_sandbox.broker.sessions.states import ENDED, SessionState
 from agentic_sandbox.broker.store import models as m
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class HubSession:
 
     @property
     def ended(self) -> bool:
-        return self.state.ended
+        return self.state in ENDED  # (not state.ended: this is read on every output message)
 
     def notify(self) -> None:
         """Wake every client writer and follower (new output, or the end)."""

@@ -6,7 +6,7 @@ up here only through `trust.AgentTrust`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.sessions import protocol as proto
@@ -17,6 +17,8 @@ from agentic_sandbox.broker.sessions.states import SessionState
 class SessionTable:
     def __init__(self, metrics: Metrics) -> None:
         self._sessions: dict[str, HubSession] = {}
+        # The dict's own lookup, not a method around it: it runs for every output message.
+        self.get: Callable[[str], HubSession | None] = self._sessions.get
         metrics.provide(
             "sandbox_sessions",
             "Sessions held by the hub, by state",
@@ -29,9 +31,6 @@ class SessionTable:
             ("role",),
             self._clients_by_role,
         )
-
-    def get(self, session_id: str) -> HubSession | None:
-        return self._sessions.get(session_id)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
