@@ -54,11 +54,11 @@ class AgentLinkComponent:
     name = "agent-link"
 
     def __init__(self, svc: Services, handler: LinkHandler) -> None:
-        s = svc.settings
+        settings = svc.settings
         self.svc = svc
-        self.ca = CertificateAuthority(s.data_dir / "agent-ca")
+        self.ca = CertificateAuthority(settings.data_dir / "agent-ca")
         self.enrollment = Enrollment(
-            svc.db, self.ca, dt.timedelta(seconds=s.agent_cert_ttl_seconds)
+            svc.db, self.ca, dt.timedelta(seconds=settings.agent_cert_ttl_seconds)
         )
         self.registry = AgentRegistry(
             svc.db,
@@ -66,9 +66,9 @@ class AgentLinkComponent:
             svc.audit,
             svc.metrics,
             server_id=svc.server_id,
-            heartbeat_seconds=s.agent_heartbeat_seconds,
-            stale_after=s.agent_stale_after_heartbeats,
-            disconnect_after=s.agent_disconnect_after_heartbeats,
+            heartbeat_seconds=settings.agent_heartbeat_seconds,
+            stale_after=settings.agent_stale_after_heartbeats,
+            disconnect_after=settings.agent_disconnect_after_heartbeats,
         )
         self.service = AgentLinkService(
             db=svc.db,
@@ -79,8 +79,8 @@ class AgentLinkComponent:
             audit=svc.audit,
             metrics=svc.metrics,
             refusals=svc.refusals,
-            heartbeat_ms=int(s.agent_heartbeat_seconds * 1000),
-            outbox_limit=s.agent_outbox_messages,
+            heartbeat_ms=int(settings.agent_heartbeat_seconds * 1000),
+            outbox_limit=settings.agent_outbox_messages,
         )
         self._server: grpc.aio.Server | None = None
         self.gateway: LinkGateway | None = None
@@ -121,7 +121,7 @@ class AgentLinkComponent:
     async def start(self) -> None:
         from agentic_sandbox.broker.app import StartupError
 
-        s = self.svc.settings
+        settings = self.svc.settings
         await self.registry.start()
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_AgentLinkServicer_to_server(self.service, server)
@@ -133,10 +133,10 @@ class AgentLinkComponent:
         )
         server_tls = grpc.ssl_server_credentials([(key_pem, chain_pem)])
         for label, listen, creds in (
-            ("link", s.grpc_listen, mtls),
-            ("enroll", s.grpc_enroll_listen, server_tls),
+            ("link", settings.grpc_listen, mtls),
+            ("enroll", settings.grpc_enroll_listen, server_tls),
         ):
-            host, port = s.grpc_address if label == "link" else s.grpc_enroll_address
+            host, port = settings.grpc_address if label == "link" else settings.grpc_enroll_address
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             try:
                 bound = server.add_secure_port(address, creds)
@@ -149,16 +149,16 @@ class AgentLinkComponent:
         self._server = server
         self.gateway = LinkGateway(
             Upstreams(
-                link=(_reachable(s.grpc_address[0]), self.ports["link"]),
-                enroll=(_reachable(s.grpc_enroll_address[0]), self.ports["enroll"]),
+                link=(_reachable(settings.grpc_address[0]), self.ports["link"]),
+                enroll=(_reachable(settings.grpc_enroll_address[0]), self.ports["enroll"]),
             )
         )
-        gw_host, gw_port = s.guest_link_address
+        gw_host, gw_port = settings.guest_link_address
         try:
             self.ports["guest"] = await self.gateway.start(gw_host, gw_port)
         except OSError as exc:
             raise StartupError(
-                f"cannot listen on {s.guest_link_listen} (guest link): {exc}"
+                f"cannot listen on {settings.guest_link_listen} (guest link): {exc}"
             ) from exc
 
         async def ready() -> tuple[bool, str]:
@@ -167,7 +167,11 @@ class AgentLinkComponent:
         self.svc.readiness["agent-link"] = ready
         log.info(
             "agent link listening",
-            extra={"link": s.grpc_listen, "enroll": s.grpc_enroll_listen, "tls": "mutual"},
+            extra={
+                "link": settings.grpc_listen,
+                "enroll": settings.grpc_enroll_listen,
+                "tls": "mutual",
+            },
         )
 
     async def stop(self) -> None:

@@ -1,9 +1,13 @@
 """One agent's live stream, as the rest of the server sees it.
 
-`AgentConnection.send()` never blocks: messages go into a bounded outbox that one writer task
-drains into the gRPC stream (whose flow control paces it). A connection whose outbox overflows is
-closed (the agent reconnects and the session state is reconciled) rather than letting memory grow.
-Output acknowledgements are coalesced: at once after 256 KiB, else within 20 ms.
+The connection offers typed commands (`open_session`, `send_input`, `resize`, `signal`,
+`close_session`, `ack`); protobuf is built here, never by its callers. A command never blocks:
+it goes into a bounded outbox that one writer task drains into the gRPC stream (whose flow
+control paces it). A connection whose outbox overflows is closed (the agent reconnects and the
+session state is reconciled) rather than letting memory grow; a command on a closed link raises
+`LinkClosed`. Output acknowledgements are coalesced: at once after 256 KiB, else within 20 ms.
+
+`LinkHandler` is what the link tells the session layer, in the typed values of `messages.py`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,27 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentic_sandbox.broker.agentlink.messages import (
+    Exited,
+    Inventory,
+    Opened,
+    OpenRequest,
+    Output,
+    Reconciled,
+    SignalName,
+)
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 ACK_EVERY_BYTES = 256 * 1024
 ACK_DELAY = 0.02
+_PB_SIGNAL: dict[SignalName, pb.Signal.ValueType] = {
+    "INT": pb.SIGNAL_INT,
+    "TERM": pb.SIGNAL_TERM,
+    "KILL": pb.SIGNAL_KILL,
+    "HUP": pb.SIGNAL_HUP,
+}
 
 
 class LinkClosed(Exception):
@@ -107,8 +126,65 @@ class AgentConnection:
     def ready(self) -> bool:
         return self.registered and self.state == "connected"
 
-    # ---- outgoing -------------------------------------------------------------------------
-    def send(self, msg: pb.ServerMessage) -> None:
+    # ---- commands (each raises LinkClosed when the link is gone) ----------------------------
+    def open_session(self, req: OpenRequest) -> None:
+        self._send(
+            pb.ServerMessage(
+                open=pb.OpenSession(
+                    session_id=req.session_id,
+                    command=req.command,
+                    cols=req.cols,
+                    rows=req.rows,
+                    env=req.env,
+                    cwd=req.cwd,
+                    user=req.user,
+                    task_id=req.task_id,
+                )
+            )
+        )
+
+    def send_input(self, session_id: str, data: bytes) -> None:
+        self._send(pb.ServerMessage(input=pb.SessionInput(session_id=session_id, data=data)))
+
+    def resize(self, session_id: str, cols: int, rows: int) -> None:
+        self._send(
+            pb.ServerMessage(resize=pb.ResizeSession(session_id=session_id, cols=cols, rows=rows))
+        )
+
+    def signal(self, session_id: str, signal: SignalName) -> None:
+        self._send(
+            pb.ServerMessage(
+                signal=pb.SignalSession(session_id=session_id, signal=_PB_SIGNAL[signal])
+            )
+        )
+
+    def close_session(self, session_id: str, grace_ms: int = 0) -> None:
+        """End a running session (HUP, then KILL after `grace_ms`), or forget an exited one."""
+        self._send(
+            pb.ServerMessage(close=pb.CloseSession(session_id=session_id, grace_ms=grace_ms))
+        )
+
+    def answer_register(self, server_id: str, heartbeat_ms: int, reconciled: Reconciled) -> None:
+        self._send(
+            pb.ServerMessage(
+                register_ack=pb.RegisterAck(
+                    server_id=server_id,
+                    heartbeat_interval_ms=heartbeat_ms,
+                    resume=[
+                        pb.ResumeOutput(session_id=r.session_id, from_offset=r.from_offset)
+                        for r in reconciled.resume
+                    ],
+                    close=reconciled.close,
+                )
+            )
+        )
+
+    def answer_heartbeat(self, server_time_unix_ms: int) -> None:
+        self._send(
+            pb.ServerMessage(heartbeat_ack=pb.HeartbeatAck(server_time_unix_ms=server_time_unix_ms))
+        )
+
+    def _send(self, msg: pb.ServerMessage) -> None:
         if self.closed:
             raise LinkClosed(f"agent link of {self.instance_id} is closed")
         if len(self._out) >= self.outbox_limit:
@@ -170,17 +246,15 @@ class AgentConnection:
 class LinkHandler(Protocol):
     """What the agent link tells the session layer (implemented by the session hub)."""
 
-    async def on_register(
-        self, conn: AgentConnection, register: pb.Register
-    ) -> tuple[list[pb.ResumeOutput], list[str]]:
+    async def on_register(self, conn: AgentConnection, inventory: list[Inventory]) -> Reconciled:
         """Reconcile the agent's sessions; returns where each kept session's output resumes and
         which sessions the agent must end (or forget)."""
         ...
 
-    def on_opened(self, conn: AgentConnection, msg: pb.SessionOpened) -> None: ...
+    def on_opened(self, conn: AgentConnection, opened: Opened) -> None: ...
 
-    def on_output(self, conn: AgentConnection, msg: pb.SessionOutput) -> None: ...
+    def on_output(self, conn: AgentConnection, output: Output) -> None: ...
 
-    def on_exit(self, conn: AgentConnection, msg: pb.SessionExit) -> None: ...
+    def on_exit(self, conn: AgentConnection, exited: Exited) -> None: ...
 
     def on_disconnect(self, conn: AgentConnection) -> None: ...

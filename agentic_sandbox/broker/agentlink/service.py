@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -39,6 +39,12 @@ from agentic_sandbox.broker.agentlink.link import (
     AgentMetrics,
     LinkHandler,
 )
+from agentic_sandbox.broker.agentlink.messages import (
+    Exited,
+    Opened,
+    Output,
+    inventory_from_pb,
+)
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.auth.refusals import Refusal, RefusalGate, Verdict
 from agentic_sandbox.broker.observability.audit import AuditLog
@@ -52,6 +58,9 @@ from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT = 10.0
+
+# What the read loop does with one kind of agent message (after `register`, which comes first).
+Receiver = Callable[[AgentConnection, pb.AgentMessage], None]
 
 
 class PeerIdentity:
@@ -107,10 +116,20 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._metrics = metrics
         self._heartbeat_ms = heartbeat_ms
         self._outbox_limit = outbox_limit
-        self._m_in = {
-            kind: metrics.grpc_messages.labels("in", kind)
-            for kind in ("register", "heartbeat", "opened", "output", "exit", "unknown")
+        # The read loop's dispatch: message kind -> (its counter, its receiver). A new kind of
+        # agent message is one entry here and one receiver below.
+        receivers: dict[str, Receiver] = {
+            "output": self._receive_output,
+            "heartbeat": self._receive_heartbeat,
+            "opened": self._receive_opened,
+            "exit": self._receive_exit,
         }
+        self._receivers = {
+            kind: (metrics.grpc_messages.labels("in", kind), receive)
+            for kind, receive in receivers.items()
+        }
+        self._m_register = metrics.grpc_messages.labels("in", "register")
+        self._m_unknown = metrics.grpc_messages.labels("in", "unknown")
         self._m_out = {
             kind: metrics.grpc_messages.labels("out", kind)
             for kind in ("register_ack", "open", "input", "resize", "signal", "close", "ack")
@@ -320,7 +339,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 "this certificate belongs to another instance",
             )
             return
-        self._m_in["register"].inc()
+        self._m_register.inc()
         conn = AgentConnection(
             instance_id=ident.instance_id,
             incarnation=ident.incarnation,
@@ -342,17 +361,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         registry.attach(conn)
         reader: asyncio.Task[None] | None = None
         try:
-            resume, close = await self._handler.on_register(conn, reg)
-            conn.send(
-                pb.ServerMessage(
-                    register_ack=pb.RegisterAck(
-                        server_id=registry.server_id,
-                        heartbeat_interval_ms=self._heartbeat_ms,
-                        resume=resume,
-                        close=close,
-                    )
-                )
-            )
+            reconciled = await self._handler.on_register(conn, inventory_from_pb(reg))
+            conn.answer_register(registry.server_id, self._heartbeat_ms, reconciled)
             conn.registered = True
             reader = asyncio.create_task(
                 self._read_loop(conn, request_iterator), name=f"agent-reader-{conn.instance_id}"
@@ -398,33 +408,36 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self, conn: AgentConnection, request_iterator: AsyncIterator[pb.AgentMessage]
     ) -> None:
         loop = asyncio.get_running_loop()
-        handler = self._handler
         registry = self._registry
-        m_in = self._m_in
+        receivers = self._receivers
         async for msg in request_iterator:
             registry.heard_from(conn, loop.time())
             kind = msg.WhichOneof("body")
-            if kind == "output":
-                m_in["output"].inc()
-                handler.on_output(conn, msg.output)
-            elif kind == "heartbeat":
-                m_in["heartbeat"].inc()
-                conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
-                conn.metrics_dirty = True
-                conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
-                conn.send(
-                    pb.ServerMessage(
-                        heartbeat_ack=pb.HeartbeatAck(server_time_unix_ms=int(time.time() * 1000))
-                    )
-                )
-            elif kind == "opened":
-                m_in["opened"].inc()
-                handler.on_opened(conn, msg.opened)
-            elif kind == "exit":
-                m_in["exit"].inc()
-                handler.on_exit(conn, msg.exit)
-            else:
-                m_in["unknown"].inc()
+            entry = receivers.get(kind) if kind is not None else None
+            if entry is None:
+                self._m_unknown.inc()
                 log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
+            else:
+                counter, receive = entry
+                counter.inc()
+                receive(conn, msg)
             if conn.closed:
                 break
+
+    # ---- receivers: protobuf in, typed values to the handler ---------------------------------
+    def _receive_output(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
+        out = msg.output  # (built inline: this runs for every output message)
+        self._handler.on_output(conn, Output(out.session_id, out.offset, out.data))
+
+    def _receive_opened(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
+        self._handler.on_opened(conn, Opened.from_pb(msg.opened))
+
+    def _receive_exit(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
+        self._handler.on_exit(conn, Exited.from_pb(msg.exit))
+
+    @staticmethod
+    def _receive_heartbeat(conn: AgentConnection, msg: pb.AgentMessage) -> None:
+        conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
+        conn.metrics_dirty = True
+        conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
+        conn.answer_heartbeat(int(time.time() * 1000))

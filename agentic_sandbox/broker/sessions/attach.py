@@ -2,8 +2,8 @@
 
 Authentication is the usual middleware (the `bearer.<token>` subprotocol for programs, the
 dashboard cookie for browsers; a cookie-authenticated upgrade must come from the same origin).
-Per-message compression is off. The handler reads client frames and hands them to the hub; the
-client's writer task (see clients.py) sends everything else.
+Per-message compression is off. The handler reads client frames and hands them to the hub's
+control arbiter (`control.py`); the client's writer task (see clients.py) sends everything else.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from agentic_sandbox.broker.http.schemas import Input
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.sessions import protocol as proto
 from agentic_sandbox.broker.sessions.access import require_visible
+from agentic_sandbox.broker.sessions.clients import AttachedClient
+from agentic_sandbox.broker.sessions.control import ControlArbiter
 from agentic_sandbox.broker.sessions.hub import HUB_KEY, SessionHub
+from agentic_sandbox.broker.sessions.session import HubSession
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +157,8 @@ async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
     closing: list[asyncio.Task[bool]] = []
     try:
         await ws.prepare(request)
-        client = hub.attach(
+        control = hub.control
+        client = control.attach(
             sess,
             who,
             WebSocketTransport(ws, request),
@@ -166,7 +170,7 @@ async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
         def revoked(reason: str) -> None:
             # Synchronously: from here on nothing this client sends is applied.
             client.close_reason = f"credential revoked: {reason}"
-            hub.detach(client)
+            control.detach(sess, client)
             closing.append(
                 asyncio.create_task(
                     ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"credential revoked")
@@ -180,15 +184,15 @@ async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
                 if client.closed:
                     break
                 if msg.type == WSMsgType.BINARY:
-                    hub.client_input(client, msg.data)
+                    control.input(sess, client, msg.data)
                 elif msg.type == WSMsgType.TEXT:
-                    _control(hub, client, msg.data)
+                    _control(control, sess, client, msg.data)
                 elif msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE, WSMsgType.CLOSING):
                     break
         except (ConnectionError, RuntimeError) as exc:
             log.debug("attach connection ended: %s", exc)
         finally:
-            hub.detach(client)
+            control.detach(sess, client)
             client.closed = True
             client.wake.set()
             if client.task is not None and not client.task.done():
@@ -203,22 +207,19 @@ async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
     return ws
 
 
-def _control(hub: SessionHub, client: object, text: str) -> None:
-    from agentic_sandbox.broker.sessions.clients import AttachedClient
-
-    assert isinstance(client, AttachedClient)
+def _control(control: ControlArbiter, sess: HubSession, client: AttachedClient, text: str) -> None:
     try:
         msg = proto.parse_client_text(text)
     except proto.ProtocolError as exc:
         client.queue(proto.error(exc.code, exc.message))
         return
     if isinstance(msg, proto.ResizeMsg):
-        hub.client_resize(client, msg.cols, msg.rows)
+        control.resize(sess, client, msg.cols, msg.rows)
     elif isinstance(msg, proto.RequestControlMsg):
-        hub.request_control(client, msg.force)
+        control.request(sess, client, msg.force)
     elif isinstance(msg, proto.ReleaseControlMsg):
-        hub.release_control(client)
+        control.release(sess, client)
     elif isinstance(msg, proto.SignalMsg):
-        hub.client_signal(client, msg.signal)
+        control.signal(sess, client, msg.signal)
     else:
-        client.queue(proto.dumps({"type": "pong", "id": msg.id}))
+        client.queue(proto.pong(msg.id))

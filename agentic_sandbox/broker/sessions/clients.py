@@ -6,6 +6,9 @@ The hub only wakes writers; it never waits for one. A client further behind than
 (or behind the ring's start) is skipped ahead to a screen snapshot (`resync`); a client stuck in
 one send for too long is disconnected by the hub's sweep. Control messages for a client go in
 a small bounded queue ahead of output; a client that lets it overflow is disconnected too.
+
+The writer sees its session through `StreamSource` only (the ring, where output will end, the
+snapshot and the exit message), so this module depends on nothing else of the hub.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.sessions import protocol as proto
 
 if TYPE_CHECKING:
-    from agentic_sandbox.broker.sessions.hub import HubSession, SessionHub
+    from prometheus_client import Counter
+
+    from agentic_sandbox.broker.sessions.ring import OutputRing
+    from agentic_sandbox.broker.sessions.screen import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +44,55 @@ class ClientTransport(Protocol):
     def abort(self) -> None: ...
 
 
+class StreamSource(Protocol):
+    """What a client's writer reads of its session (a `HubSession`)."""
+
+    @property
+    def ring(self) -> OutputRing: ...
+
+    @property
+    def agent_end(self) -> int:
+        """Where the agent's output ended at its last registration (output still to come)."""
+        ...
+
+    @property
+    def synced(self) -> bool:
+        """The ring reflects the agent (False after a server restart until it registers)."""
+        ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def exit_message(self) -> str: ...
+
+
 class AttachedClient:
     def __init__(
         self,
-        hub: SessionHub,
-        session: HubSession,
+        session: StreamSource,
         principal: Principal,
         transport: ClientTransport,
         *,
+        may_control: bool,
         max_lag: int,
         frame_bytes: int,
+        relayed: Counter,
+        resyncs: Counter,
     ) -> None:
         self.id = secrets.token_hex(4)
-        self.hub = hub
         self.session = session
         self.principal = principal
         self.transport = transport
+        self.may_control = may_control  # the caller's right to take the lease, fixed at attach
         self.max_lag = max_lag
         self.frame_bytes = frame_bytes
-        self.role = proto.ROLE_OBSERVER
+        self._relayed = relayed
+        self._resyncs = resyncs
+        self.role: proto.ClientRole = proto.ROLE_OBSERVER
         self.offset = 0
-        self.pending_resync: str | None = None
+        self.pending_resync: proto.ResyncReason | None = None
         # Output the client asked for (attaching with `from`, or a resume after a restart) is
         # caught up losslessly while the ring holds it; the lag bound applies past this offset.
         self.catchup_until = 0
@@ -74,7 +108,7 @@ class AttachedClient:
     def subject(self) -> str:
         return self.principal.subject
 
-    def member(self) -> dict[str, str]:
+    def member(self) -> proto.Member:
         return {"id": self.id, "subject": self.principal.subject, "role": self.role}
 
     def queue(self, text: str) -> None:
@@ -108,15 +142,14 @@ class AttachedClient:
 
     async def run(self) -> None:
         """Send control messages and output until the client or the session goes away."""
-        s = self.session
-        hub = self.hub
+        sess = self.session
         try:
             while not self.closed:
                 self.wake.clear()
                 if self.control:
                     await self._send(self.transport.send_text(self.control.popleft()))
                     continue
-                ring = s.ring
+                ring = sess.ring
                 if self.pending_resync is None:
                     if self.offset < ring.end and (
                         self.offset < ring.start
@@ -126,25 +159,24 @@ class AttachedClient:
                         )
                     ):
                         self.pending_resync = "behind"
-                    elif self.offset > max(ring.end, s.agent_end) and (s.synced or s.ended):
+                    elif self.offset > max(ring.end, sess.agent_end) and (
+                        sess.synced or sess.ended
+                    ):
                         self.pending_resync = "offset-unavailable"
                 if self.pending_resync is not None:
                     reason, self.pending_resync = self.pending_resync, None
-                    snap = hub.snapshot(s)
+                    snap = sess.snapshot()
                     self.offset = snap.offset
                     if reason == "behind":
-                        hub.metrics.session_resyncs.inc()
+                        self._resyncs.inc()
                     await self._send(
                         self.transport.send_text(
-                            proto.dumps(
-                                {
-                                    "type": "resync",
-                                    "reason": reason,
-                                    "offset": snap.offset,
-                                    "cols": snap.cols,
-                                    "rows": snap.rows,
-                                    "screen": snap.ansi,
-                                }
+                            proto.resync(
+                                reason,
+                                offset=snap.offset,
+                                cols=snap.cols,
+                                rows=snap.rows,
+                                screen=snap.ansi,
                             )
                         )
                     )
@@ -153,12 +185,12 @@ class AttachedClient:
                     frame = ring.frame(self.offset, self.frame_bytes)
                     n = len(frame) - 8
                     self.offset += n
-                    hub.relayed(n)
+                    self._relayed.inc(n)
                     await self._send(self.transport.send_binary(frame))
                     continue
-                if s.ended and not self.exit_sent and self.offset >= ring.end:
+                if sess.ended and not self.exit_sent and self.offset >= ring.end:
                     self.exit_sent = True
-                    await self._send(self.transport.send_text(hub.exit_message(s)))
+                    await self._send(self.transport.send_text(sess.exit_message()))
                     await self.transport.close(1000, "session ended")
                     break
                 await self.wake.wait()

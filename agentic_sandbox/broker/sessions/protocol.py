@@ -6,29 +6,52 @@
 
 Client messages are validated strictly (unknown fields, wrong types and unknown types are
 refused with an `error` frame naming the problem; the connection and the session go on).
+Server messages are made by the typed builders at the end (`hello`, `resync`, `role`,
+`members`, `resize`, `exit_`, `error`, `pong`), nowhere else: each returns the encoded text
+frame, so a message is encoded once however many clients it goes to.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agentic_sandbox.broker.http.body import decode_json
 
 SUBPROTOCOL = "sandbox.pty.v1"
-ROLE_CONTROLLER = "controller"
-ROLE_OBSERVER = "observer"
 MAX_CONTROL_BYTES = 8 * 1024
 MAX_INPUT_BYTES = 64 * 1024
 MAX_COLS = 1000
 MAX_ROWS = 500
 SIGNALS = ("INT", "TERM", "KILL", "HUP")
 
+ClientRole = Literal["controller", "observer"]
+ROLE_CONTROLLER: ClientRole = "controller"
+ROLE_OBSERVER: ClientRole = "observer"
+ResyncReason = Literal["initial", "behind", "offset-unavailable"]
+ErrorCode = Literal[
+    # the client's frame
+    "bad-json",
+    "bad-message",
+    "unknown-type",
+    "frame-too-large",
+    # what the client asked for
+    "not-controller",
+    "control-held",
+    "forbidden",
+    "session-ended",
+    # the session's agent or the server
+    "agent-unavailable",
+    "agent-disconnected",
+    "instance-deleted",
+    "server-shutdown",
+]
+
 
 class ProtocolError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -104,9 +127,94 @@ def parse_client_text(text: str) -> AnyClientMessage:
         raise ProtocolError("bad-message", f"{kind}.{loc}: {err['msg']}") from None
 
 
-def dumps(msg: dict[str, Any]) -> str:
+# ---- server -> client ------------------------------------------------------------------------
+class Member(TypedDict):
+    id: str
+    subject: str
+    role: ClientRole
+
+
+def _dumps(msg: dict[str, Any]) -> str:
     return json.dumps(msg, separators=(",", ":"), ensure_ascii=False)
 
 
-def error(code: str, message: str) -> str:
-    return dumps({"type": "error", "code": code, "message": message})
+def hello(
+    *,
+    session: str,
+    instance: str,
+    you: str,
+    role: ClientRole,
+    cols: int,
+    rows: int,
+    state: str,
+    start: int,
+    end: int,
+    from_: int | None,
+    members: list[Member],
+) -> str:
+    """The first message to a client; `from_` is where binary frames start (None when a
+    `resync` follows)."""
+    return _dumps(
+        {
+            "type": "hello",
+            "protocol": SUBPROTOCOL,
+            "session": session,
+            "instance": instance,
+            "you": you,
+            "role": role,
+            "cols": cols,
+            "rows": rows,
+            "state": state,
+            "offset": {"start": start, "end": end},
+            "from": from_,
+            "members": members,
+        }
+    )
+
+
+def resync(reason: ResyncReason, *, offset: int, cols: int, rows: int, screen: str) -> str:
+    """Reset the terminal, write `screen` (ANSI that repaints it), continue at `offset`."""
+    return _dumps(
+        {
+            "type": "resync",
+            "reason": reason,
+            "offset": offset,
+            "cols": cols,
+            "rows": rows,
+            "screen": screen,
+        }
+    )
+
+
+def role(role: ClientRole, reason: str) -> str:
+    return _dumps({"type": "role", "role": role, "reason": reason})
+
+
+def members(members: list[Member]) -> str:
+    return _dumps({"type": "members", "members": members})
+
+
+def resize(cols: int, rows: int) -> str:
+    return _dumps({"type": "resize", "cols": cols, "rows": rows})
+
+
+def exit_(*, code: int | None, signal: str | None, lost: bool, reason: str, offset: int) -> str:
+    """After the last output (`offset` is its end); the server then closes with 1000."""
+    return _dumps(
+        {
+            "type": "exit",
+            "code": code,
+            "signal": signal,
+            "lost": lost,
+            "reason": reason,
+            "offset": offset,
+        }
+    )
+
+
+def error(code: ErrorCode, message: str) -> str:
+    return _dumps({"type": "error", "code": code, "message": message})
+
+
+def pong(id: str | int | None) -> str:
+    return _dumps({"type": "pong", "id": id})

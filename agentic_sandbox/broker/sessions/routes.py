@@ -165,7 +165,7 @@ def _info(hub: SessionHub, row: m.Session, live: HubSession | None) -> SessionIn
             rows=live.rows,
             cwd=live.cwd,
             user=live.user,
-            state=live.state,
+            state=live.state.value,
             task_id=live.task_id,
             exit_code=exit_.code if exit_ else None,
             exit_signal=exit_.signal if exit_ else None,
