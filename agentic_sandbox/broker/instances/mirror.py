@@ -9,7 +9,6 @@ state is audited and every event republished as `instance.*` / `host.*`.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Coroutine
 
@@ -141,16 +140,14 @@ class InstanceMirror:
             row = await s.get(m.Instance, ev.instance_id)
             if row is not None:
                 owner = row.owner
+            # A deleted VM's row is not touched: the fleet deletes only when the server asks,
+            # and whoever asked ends the instance itself (`end_instance`, or `abandon` for a
+            # provision) — a row marked deleted here would make that skip the incarnation.
+            if row is not None and ev.state is not None and kind != "instance.deleted":
                 before = row.state
-                if kind == "instance.deleted":
-                    if row.deleted_at is None:
-                        row.deleted_at = dt.datetime.now(dt.UTC)
-                        row.state = "deleted"
-                elif ev.state is not None and row.state != "provisioning":
+                if row.state != "provisioning":  # a provision's outcome is its own to record
                     row.state = ev.state.value
-                    row.state_reason = ev.detail
-                elif ev.state is not None:
-                    row.state_reason = ev.detail
+                row.state_reason = ev.detail
                 if row.state != before:
                     self._svc.audit.transition(
                         "fleet", "instance", row.id, before, row.state, cause=ev.detail or kind
