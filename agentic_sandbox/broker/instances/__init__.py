@@ -1,5 +1,6 @@
-"""The fleet inside the server: instances, snapshots, hosts, images, loadouts, provisioning."""
+"""The fleet inside the server: instances, snapshots, hosts, images, loadouts, pools,
+provisioning. Others use the component; its services are reached through `keys.py`."""
 
-from agentic_sandbox.broker.instances.component import FLEET_KEY, FleetComponent
+from agentic_sandbox.broker.instances.component import FleetComponent
 
-__all__ = ["FLEET_KEY", "FleetComponent"]
+__all__ = ["FleetComponent"]

@@ -14,22 +14,29 @@ import asyncio
 import hashlib
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
+from pydantic import BaseModel
 from sqlalchemy import select
 
-from agentic_sandbox.broker.operations import OperationFailed, Progress
+from agentic_sandbox.broker.auth.principal import Principal
+from agentic_sandbox.broker.instances.access import FleetGate
+from agentic_sandbox.broker.instances.errors import NotFoundError
+from agentic_sandbox.broker.instances.images import ImageCatalog
+from agentic_sandbox.broker.instances.loadouts import Loadouts
+from agentic_sandbox.broker.instances.provisioning import Provisioning
+from agentic_sandbox.broker.operations import OperationFailed, OperationRunner, Progress
+from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.fleet import EgressPolicy, FleetError
-from agentic_sandbox.provision import ProvisionError, ProvisionRequest
-
-if TYPE_CHECKING:
-    from agentic_sandbox.broker.instances.component import FleetComponent
+from agentic_sandbox.fleet import EgressPolicy, Fleet, FleetError
+from agentic_sandbox.images import BuiltImage
+from agentic_sandbox.provision import Loadout, ProvisionError, ProvisionRequest
 
 log = logging.getLogger(__name__)
 
 KV_PREFIX = "pool:"
 DONE_MARKER = b"agentic-sandbox: stage cloud-init-done"
+PREPARE_STAGES = ("golden", "settling", "saving", "filling")
 
 
 def pool_key(image: str, loadout: str, network: str) -> str:
@@ -38,50 +45,172 @@ def pool_key(image: str, loadout: str, network: str) -> str:
     return f"pool-{digest}"
 
 
-async def saved_pools(comp: FleetComponent) -> list[dict[str, Any]]:
-    async with comp.svc.db.session() as s:
-        rows = (
-            await s.scalars(select(m.KeyValue).where(m.KeyValue.key.startswith(KV_PREFIX)))
-        ).all()
-    return [dict(r.value) for r in rows]
+class PoolRecord(BaseModel):
+    """A prepared pool as the server keeps it (a `kv` row `pool:<key>`)."""
+
+    key: str
+    image: str
+    loadout: str
+    network: str
+    size: int
+    state_id: str = ""
 
 
-async def restore_pools(comp: FleetComponent) -> None:
-    """At start: configure the pools that were prepared before (their members are re-adopted)."""
-    states = {s.state_id for s in await comp.fleet.list_states()}
-    for pool in await saved_pools(comp):
-        if pool.get("state_id") not in states:
-            log.warning("warm pool %s lost its saved state; prepare it again", pool.get("key"))
-            continue
-        try:
-            await comp.fleet.configure_pool(
-                pool["key"],
-                pool["state_id"],
-                int(pool["size"]),
-                egress=EgressPolicy(pool["network"]),
-                agent_port=comp.svc.settings.guest_link_address[1],
+@dataclass(frozen=True)
+class PoolView:
+    record: PoolRecord
+    ready: int  # paused members ready to hand out
+    last_error: str
+
+
+class WarmPools:
+    def __init__(
+        self,
+        svc: Services,
+        fleet: Fleet,
+        gate: FleetGate,
+        ops: OperationRunner,
+        *,
+        provisioning: Provisioning,
+        images: ImageCatalog,
+        loadouts: Loadouts,
+    ) -> None:
+        self._svc = svc
+        self._fleet = fleet
+        self._gate = gate
+        self._ops = ops
+        self._provisioning = provisioning
+        self._images = images
+        self._loadouts = loadouts
+
+    @property
+    def _agent_port(self) -> int:
+        return self._svc.settings.guest_link_address[1]
+
+    async def saved(self) -> list[PoolRecord]:
+        async with self._svc.db.session() as s:
+            rows = (
+                await s.scalars(select(m.KeyValue).where(m.KeyValue.key.startswith(KV_PREFIX)))
+            ).all()
+        return [PoolRecord.model_validate(r.value) for r in rows]
+
+    async def exists(self, key: str) -> bool:
+        """Whether the fleet keeps a pool under `key` now."""
+        return key in {p.key for p in await self._gate.require().pool_status()}
+
+    async def restore(self) -> None:
+        """At start: configure the pools prepared before (their members are re-adopted)."""
+        states = {s.state_id for s in await self._fleet.list_states()}
+        for pool in await self.saved():
+            if pool.state_id not in states:
+                log.warning("warm pool %s lost its saved state; prepare it again", pool.key)
+                continue
+            try:
+                await self._fleet.configure_pool(
+                    pool.key,
+                    pool.state_id,
+                    pool.size,
+                    egress=EgressPolicy(pool.network),
+                    agent_port=self._agent_port,
+                )
+            except FleetError as exc:
+                log.error("warm pool %s: %s", pool.key, exc)
+
+    async def views(self) -> list[PoolView]:
+        """Every prepared pool with how many members it has ready."""
+        status = {p.key: p for p in await self._gate.require().pool_status()}
+        out = []
+        for pool in await self.saved():
+            st = status.get(pool.key)
+            out.append(
+                PoolView(
+                    record=pool,
+                    ready=st.ready if st else 0,
+                    last_error=st.last_error if st else "not configured",
+                )
             )
-        except FleetError as exc:
-            log.error("warm pool %s: %s", pool["key"], exc)
+        return out
 
+    async def prepare(
+        self,
+        who: Principal,
+        *,
+        image: str | None,
+        loadout: str,
+        network: str | None,
+        size: int,
+    ) -> m.Operation:
+        """Prepare (or resize) the pool of image + loadout + network as an operation."""
+        self._gate.require()
+        built = self._images.resolve(image)
+        lo = self._loadouts.resolve(loadout)
+        egress = EgressPolicy(network or lo.network)
 
-async def prepare(
-    comp: FleetComponent,
-    progress: Progress,
-    *,
-    image: Any,
-    loadout: Any,
-    network: EgressPolicy,
-    size: int,
-) -> dict[str, Any]:
-    key = pool_key(image.name, loadout.name, network.value)
-    # a name of this preparation's own: servers sharing a libvirtd prepare the same pool keys
-    golden = f"golden-{key.removeprefix('pool-')}-{secrets.token_hex(3)}"
-    state_id = f"{key}-{image.name[-12:]}"
-    settings = comp.svc.settings
-    states = {s.state_id for s in await comp.fleet.list_states()}
-    if state_id not in states:
+        async def body(progress: Progress) -> dict[str, object]:
+            record = await self._prepare(progress, built, lo, egress, size)
+            return record.model_dump()
+
+        op = await self._ops.submit(
+            kind="pool-prepare",
+            subject_type="pool",
+            subject_id=pool_key(built.name, lo.name, egress.value),
+            owner=who.subject,
+            actor=who.actor,
+            body=body,
+            planned=PREPARE_STAGES,
+        )
+        self._svc.audit.record(
+            who.actor, "pool.prepare", "pool", op.subject_id, detail={"size": size}
+        )
+        return op
+
+    async def _prepare(
+        self,
+        progress: Progress,
+        image: BuiltImage,
+        loadout: Loadout,
+        network: EgressPolicy,
+        size: int,
+    ) -> PoolRecord:
+        key = pool_key(image.name, loadout.name, network.value)
+        state_id = f"{key}-{image.name[-12:]}"
+        if state_id not in {s.state_id for s in await self._fleet.list_states()}:
+            await self._capture_golden(progress, key, state_id, image, loadout, network)
+        progress.stage("filling")
+        await self._fleet.configure_pool(
+            key, state_id, size, egress=network, agent_port=self._agent_port
+        )
+        record = PoolRecord(
+            key=key,
+            image=image.name,
+            loadout=loadout.name,
+            network=network.value,
+            size=size,
+            state_id=state_id,
+        )
+        async with self._svc.db.session() as s:
+            row = await s.get(m.KeyValue, KV_PREFIX + key)
+            if row is None:
+                s.add(m.KeyValue(key=KV_PREFIX + key, value=record.model_dump()))
+            else:
+                row.value = record.model_dump()
+        return record
+
+    async def _capture_golden(
+        self,
+        progress: Progress,
+        key: str,
+        state_id: str,
+        image: BuiltImage,
+        loadout: Loadout,
+        network: EgressPolicy,
+    ) -> None:
+        """Boot the golden VM, wait for its cloud-init, save its memory as `state_id` and
+        delete it, whatever happens."""
+        # a name of this preparation's own: servers sharing a libvirtd prepare the same pool keys
+        golden = f"golden-{key.removeprefix('pool-')}-{secrets.token_hex(3)}"
         progress.stage("golden")
+        ssh_key = self._provisioning.ssh_public_key
         req = ProvisionRequest(
             instance_id=golden,
             owner="system",
@@ -89,17 +218,17 @@ async def prepare(
             source="image",
             image=image,
             network=network,
-            ssh_keys=(comp.ssh_public_key,) if comp.ssh_public_key else (),
+            ssh_keys=(ssh_key,) if ssh_key else (),
             wait_ready=False,
         )
         try:
-            await comp.provisioner.provision(req, None)
+            await self._provisioning.provisioner.provision(req, None)
             progress.stage("settling")
-            limit = settings.provision_ready_timeout_seconds
+            limit = self._svc.settings.provision_ready_timeout_seconds
             try:
-                await _wait_marker(comp, golden, limit)
+                await self._wait_marker(golden, limit)
             except TimeoutError:
-                tail = (await comp.fleet.read_serial_log(golden))[-4000:]
+                tail = (await self._fleet.read_serial_log(golden))[-4000:]
                 raise OperationFailed(
                     "settling",
                     f"the golden VM's cloud-init did not finish within {limit:.0f}s",
@@ -107,57 +236,37 @@ async def prepare(
                 ) from None
             await asyncio.sleep(2.0)  # let the agent start and settle into waiting
             progress.stage("saving")
-            await comp.fleet.capture_state(golden, state_id)
+            await self._fleet.capture_state(golden, state_id)
         except (ProvisionError, FleetError, TimeoutError) as exc:
             stage = getattr(exc, "stage", None) or "golden"
             raise OperationFailed(str(stage), str(getattr(exc, "cause", exc))) from None
         finally:
             try:
-                await comp.fleet.delete(golden)
+                await self._fleet.delete(golden)
             except FleetError:
                 log.exception("deleting golden %s failed", golden)
-    progress.stage("filling")
-    await comp.fleet.configure_pool(
-        key, state_id, size, egress=network, agent_port=settings.guest_link_address[1]
-    )
-    record = {
-        "key": key,
-        "image": image.name,
-        "loadout": loadout.name,
-        "network": network.value,
-        "size": size,
-        "state_id": state_id,
-    }
-    async with comp.svc.db.session() as s:
-        row = await s.get(m.KeyValue, KV_PREFIX + key)
-        if row is None:
-            s.add(m.KeyValue(key=KV_PREFIX + key, value=record))
-        else:
-            row.value = record
-    return record
 
+    async def _wait_marker(self, instance_id: str, limit: float) -> None:
+        async with asyncio.timeout(limit):
+            while True:
+                log_bytes = await self._fleet.read_serial_log(instance_id)
+                if DONE_MARKER in log_bytes:
+                    return
+                await asyncio.sleep(1.0)
 
-async def _wait_marker(comp: FleetComponent, instance_id: str, limit: float) -> None:
-    async with asyncio.timeout(limit):
-        while True:
-            log_bytes = await comp.fleet.read_serial_log(instance_id)
-            if DONE_MARKER in log_bytes:
-                return
-            await asyncio.sleep(1.0)
-
-
-async def remove(comp: FleetComponent, key: str) -> bool:
-    pools = {p["key"]: p for p in await saved_pools(comp)}
-    pool = pools.get(key)
-    if pool is None:
-        return False
-    # Its members go; instances taken from it keep running on the golden state's frozen disk,
-    # which the fleet removes with the last of them (the memory image goes now). A failure
-    # keeps the pool's row, so the removal can be retried.
-    await comp.fleet.remove_pool(key)
-    await comp.fleet.delete_state(pool["state_id"])
-    async with comp.svc.db.session() as s:
-        row = await s.get(m.KeyValue, KV_PREFIX + key)
-        if row is not None:
-            await s.delete(row)
-    return True
+    async def remove(self, who: Principal, key: str) -> None:
+        """Drain and remove a pool; an unknown key is `NotFoundError`."""
+        fleet = self._gate.require()
+        pool = next((p for p in await self.saved() if p.key == key), None)
+        if pool is None:
+            raise NotFoundError("pool", key)
+        # Its members go; instances taken from it keep running on the golden state's frozen disk,
+        # which the fleet removes with the last of them (the memory image goes now). A failure
+        # keeps the pool's row, so the removal can be retried.
+        await fleet.remove_pool(key)
+        await fleet.delete_state(pool.state_id)
+        async with self._svc.db.session() as s:
+            row = await s.get(m.KeyValue, KV_PREFIX + key)
+            if row is not None:
+                await s.delete(row)
+        self._svc.audit.record(who.actor, "pool.remove", "pool", key)

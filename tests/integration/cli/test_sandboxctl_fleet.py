@@ -48,7 +48,7 @@ async def fleet_server(tmp_path: Path) -> AsyncIterator[Running]:
 
     def components(svc: Any) -> list[Any]:
         comp = FleetComponent(svc)
-        comp.builder = InstantBuilder(comp.images_dir)
+        comp.images.builder = InstantBuilder(comp.images_dir)
         return [comp]
 
     async with start_server(settings, components=components) as r:

@@ -297,3 +297,36 @@ async def test_instance_quota_per_owner_is_429(tmp_path: Any) -> None:
         assert "limit 2" in problem["detail"]
         status, listing, _ = await r.call("GET", "/api/v2/admin/instances")
         assert [i["id"] for i in listing["items"]] == ["q-0", "q-1"]
+
+
+async def test_a_delete_ends_the_incarnation_when_the_fleet_answers_late(
+    fleet_server: Running, monkeypatch: Any
+) -> None:
+    """The fleet's `instance.deleted` event reaches the mirror while the delete is still
+    finishing (here the fleet returns late, as on a loaded host): the incarnation ends all
+    the same — once, as the caller's delete — instead of never."""
+    r = fleet_server
+    comp = next(c for c in r.server.components if isinstance(c, FleetComponent))
+    ended: list[tuple[str, str, str]] = []
+
+    async def record(e: Any) -> None:
+        ended.append((e.instance_id, e.incarnation, e.actor))
+
+    r.svc.incarnations.on_end("test", record)
+    fleet_delete = comp.fleet.delete
+
+    async def slow_delete(instance_id: str) -> None:
+        await fleet_delete(instance_id)
+        await asyncio.sleep(0.3)  # the mirror handles the fleet's event meanwhile
+
+    monkeypatch.setattr(comp.fleet, "delete", slow_delete)
+    assert (await create(r, {"id": "late-1", "image": IMAGE, "wait_ready": False}))[
+        "state"
+    ] == "succeeded"
+    _, inst, _ = await r.call("GET", "/api/v2/admin/instances/late-1")
+    status, _, _ = await r.call("DELETE", "/api/v2/admin/instances/late-1")
+    assert status == 204
+    assert ended == [("late-1", inst["incarnation"], "token:admin")]
+    _, audit, _ = await r.call("GET", "/api/v2/admin/audit?subject_type=instance&subject_id=late-1")
+    ends = [a["actor"] for a in audit["items"] if a["to_state"] == "deleted"]
+    assert ends == ["token:admin"], audit["items"]

@@ -1,0 +1,133 @@
+"""Admin routes for hypervisor hosts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, field_validator
+
+from agentic_sandbox.broker.auth.principal import Role
+from agentic_sandbox.broker.http.routing import Call, NoBody, NoQuery
+from agentic_sandbox.broker.http.schemas import Input, Output
+from agentic_sandbox.broker.instances.api.models import HostName
+from agentic_sandbox.broker.instances.api.problems import FleetRoutes
+from agentic_sandbox.broker.instances.keys import HOSTS
+from agentic_sandbox.fleet import HostInfo
+
+api = FleetRoutes()
+
+
+class HostCreate(Input):
+    name: HostName
+    uri: str = Field(min_length=3, max_length=512, pattern=r"^(qemu|test)(\+[a-z]+)?://")
+    labels: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")], str] = (
+        Field(default_factory=dict, max_length=32)
+    )
+    capacity_vcpus: int | None = Field(default=None, ge=1)
+    capacity_memory_mib: int | None = Field(default=None, ge=256)
+    ssh_port_range: tuple[int, int] | None = None
+
+    @field_validator("ssh_port_range")
+    @classmethod
+    def _range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1024 <= value[0] <= value[1] <= 65535:
+            raise ValueError("must be [low, high] within 1024..65535")
+        return value
+
+
+class HostOut(Output):
+    name: str
+    uri: str
+    labels: dict[str, str]
+    state: str
+    reason: str
+    accel: str | None
+    cpus: int
+    memory_mib: int
+    free_memory_mib: int
+    committed_vcpus: int
+    committed_memory_mib: int
+    instances: int
+
+
+class HostList(Output):
+    items: list[HostOut]
+
+
+class HostRemoveQuery(Input):
+    force: bool = False
+
+
+def host_out(info: HostInfo) -> HostOut:
+    return HostOut(
+        name=info.spec.name,
+        uri=info.spec.uri,
+        labels=dict(info.spec.labels),
+        state="reachable" if info.reachable else "unreachable",
+        reason=info.reason,
+        accel=info.accel.value if info.accel is not None else None,
+        cpus=info.cpus,
+        memory_mib=info.memory_mib,
+        free_memory_mib=info.free_memory_mib,
+        committed_vcpus=info.committed_vcpus,
+        committed_memory_mib=info.committed_memory_mib,
+        instances=info.instances,
+    )
+
+
+@api.get(
+    "/api/v2/admin/hosts",
+    response=HostList,
+    role=Role.viewer,
+    summary="Hypervisor hosts with capacity and reachability",
+    tag="hosts",
+)
+async def list_hosts(call: Call[NoBody, NoQuery]) -> HostList:
+    return HostList(items=[host_out(h) for h in await call.app[HOSTS].list_hosts()])
+
+
+@api.post(
+    "/api/v2/admin/hosts",
+    body=HostCreate,
+    response=HostOut,
+    status=201,
+    role=Role.admin,
+    summary="Add a host by libvirt URI (kept and retried if unreachable now)",
+    tag="hosts",
+)
+async def add_host(call: Call[HostCreate, NoQuery]) -> HostOut:
+    b = call.body
+    info = await call.app[HOSTS].add(
+        call.require_principal(),
+        name=b.name,
+        uri=b.uri,
+        labels=dict(b.labels),
+        capacity_vcpus=b.capacity_vcpus,
+        capacity_memory_mib=b.capacity_memory_mib,
+        ssh_port_range=b.ssh_port_range,
+    )
+    return host_out(info)
+
+
+@api.get(
+    "/api/v2/admin/hosts/{name}",
+    response=HostOut,
+    role=Role.viewer,
+    summary="One host",
+    tag="hosts",
+)
+async def get_host(call: Call[NoBody, NoQuery]) -> HostOut:
+    return host_out(await call.app[HOSTS].host_info(call.match["name"]))
+
+
+@api.delete(
+    "/api/v2/admin/hosts/{name}",
+    query=HostRemoveQuery,
+    role=Role.admin,
+    summary="Remove a host (refused while it has instances, unless force)",
+    tag="hosts",
+)
+async def remove_host(call: Call[NoBody, HostRemoveQuery]) -> None:
+    await call.app[HOSTS].remove(
+        call.require_principal(), call.match["name"], force=call.query.force
+    )
