@@ -430,6 +430,8 @@ def preview_domain_xml(
         egress=spec.egress,
         vcpus=spec.resources.vcpus,
         memory_mib=spec.resources.memory_mib,
+        anti_affinity=spec.anti_affinity,
+        restart_on_crash=spec.restart_on_crash,
     )
     res = spec.resources
     return build_domain_xml(
