@@ -69,9 +69,9 @@ async def test_events_follow_changes_made_outside_the_fleet(env: Env) -> None:
     conn = env.fleet.hosts["h1"].conn
     assert conn is not None
     conn.lookupByName("sbx-a1").suspend()
-    await wait_for(lambda: env.fleet.entries["a1"].state is InstanceState.PAUSED, what="paused")
+    await wait_for(lambda: env.fleet.index["a1"].state is InstanceState.PAUSED, what="paused")
     conn.lookupByName("sbx-a1").destroy()
-    await wait_for(lambda: env.fleet.entries["a1"].state is InstanceState.SHUTOFF, what="off")
+    await wait_for(lambda: env.fleet.index["a1"].state is InstanceState.SHUTOFF, what="off")
 
 
 async def test_list_and_filters(env: Env) -> None:
@@ -105,25 +105,25 @@ async def test_crash_restarts_then_crash_loop_stops(env: Env) -> None:
     dom = h.conn.lookupByName("sbx-a1")
     for n in range(1, 4):
         dom.destroy()
-        await wait_for(lambda: f.entries["a1"].state is InstanceState.SHUTOFF)
-        # what libvirt reports when QEMU dies under the guest
-        f.on_lifecycle(
-            h,
+        await wait_for(lambda: f.index["a1"].state is InstanceState.SHUTOFF)
+        # what libvirt reports when QEMU dies under the guest (as the host's event callback
+        # hands it on, on the loop thread)
+        h._dispatch(
             "sbx-a1",
             dom.UUIDString(),
             libvirt.VIR_DOMAIN_EVENT_STOPPED,
             libvirt.VIR_DOMAIN_EVENT_STOPPED_FAILED,
         )
-        assert f.entries["a1"].state is InstanceState.CRASHED
+        assert f.index["a1"].state is InstanceState.CRASHED
         if n < 3:
             await wait_for(lambda: dom.isActive() == 1, what=f"restart after crash {n}")
-            await wait_for(lambda: f.entries["a1"].state is InstanceState.RUNNING)
+            await wait_for(lambda: f.index["a1"].state is InstanceState.RUNNING)
     await wait_for(lambda: "instance.crash_loop" in env.kinds("a1"), what="crash loop")
     assert not dom.isActive()
-    assert f.entries["a1"].state is InstanceState.CRASHED
+    assert f.index["a1"].state is InstanceState.CRASHED
     assert env.kinds("a1").count("instance.crashed") == 3
     # the crash history is kept in the domain's metadata
-    from agentic_sandbox.fleet.domain_xml import parse_record
+    from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 
     rec = parse_record(dom.XMLDesc(0))
     assert rec is not None and len(rec.crashes) == 3

@@ -6,13 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from agentic_sandbox.fleet.domain_xml import (
+from agentic_sandbox.fleet.domain_config import CloneIdentity, DomainConfig, KernelPaths, NetConfig
+from agentic_sandbox.fleet.libvirt.domain_xml import (
     METADATA_NS,
     QEMU_NS,
-    CloneIdentity,
-    DomainConfig,
-    KernelPaths,
-    NetConfig,
     build_domain_xml,
     domain_facts,
     netdev_value,
