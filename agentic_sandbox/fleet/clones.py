@@ -16,6 +16,7 @@ states.
 from __future__ import annotations
 
 import uuid as uuidlib
+from dataclasses import dataclass
 
 from .build import NewInstance
 from .context import FleetContext
@@ -35,14 +36,12 @@ from .models import (
 from .states import SavedStates
 
 
+@dataclass(eq=False)
 class Clones:
-    def __init__(
-        self, ctx: FleetContext, index: InstanceIndex, hosts: HostRegistry, states: SavedStates
-    ) -> None:
-        self._ctx = ctx
-        self._index = index
-        self._hosts = hosts
-        self._states = states
+    ctx: FleetContext
+    index: InstanceIndex
+    hosts: HostRegistry
+    states: SavedStates
 
     def _identity(
         self, new: NewInstance, spec: CloneSpec, overlay: str, uuid: str
@@ -54,7 +53,7 @@ class Clones:
             overlay=overlay,
             serial_log=record.serial_log,
             seed=record.seed,
-            net=net_config(spec.egress, spec.agent_port, record.ssh_port, self._ctx.config),
+            net=net_config(spec.egress, spec.agent_port, record.ssh_port, self.ctx.config),
             record=record,
         )
 
@@ -70,15 +69,15 @@ class Clones:
         domain: str | None = None,
     ) -> Instance:
         """A new instance restored from a saved state (running, or ``paused``)."""
-        st = self._states.get(state_id)
+        st = self.states.get(state_id)
         if st is None:
             raise NotFound(f"no saved state {state_id!r}")
-        existing = self._index.reserve(
+        existing = self.index.reserve(
             spec.instance_id, lambda r: r.origin == f"state:{state_id}" and r.owner == spec.owner
         )
         if existing is not None:
-            return self._index.view(existing)
-        h = self._hosts.host(st.host)
+            return self.index.view(existing)
+        h = self.hosts.host(st.host)
         name = domain or domain_name_for(spec.instance_id)
         record = InstanceRecord(
             instance_id=spec.instance_id,
@@ -98,8 +97,8 @@ class Clones:
         )
         entry = Entry(record=record, state=InstanceState.DEFINED)
         new = NewInstance(
-            self._ctx,
-            self._index,
+            self.ctx,
+            self.index,
             entry,
             f"clone {spec.instance_id} from {state_id}",
             stage="disk",
@@ -117,20 +116,20 @@ class Clones:
             await new.seed_and_serial_log(spec.seed)
             new.step("restoring")
             ident = self._identity(new, spec, record.overlay, str(uuidlib.uuid4()))
-            async with self._states.lock(state_id):
+            async with self.states.lock(state_id):
                 image = await vol.read_saved(st.save_path)
                 definition = h.reidentify(image.definition, ident)
                 dom = await new.define(definition, uuid=ident.uuid)
                 await vol.write_saved(st.save_path, image, definition)
-                self._ctx.fault("restore")
+                self.ctx.fault("restore")
                 await dom.restore(st.save_path, paused=paused)
-            self._index.set_state(
+            self.index.set_state(
                 entry,
                 InstanceState.PAUSED if paused else InstanceState.RUNNING,
                 f"restored from {state_id}",
             )
-        self._index.announce_created(entry, f"restored from state {state_id}")
-        return self._index.view(entry)
+        self.index.announce_created(entry, f"restored from state {state_id}")
+        return self.index.view(entry)
 
     # ------------------------------------------------------------------ from a snapshot
 
@@ -140,15 +139,15 @@ class Clones:
         """A new instance whose disk is ``snapshot``'s disk state of ``source_id`` (cold
         boot). Needs a host whose files are local (the copy uses ``qemu-img``)."""
         validate_name(snapshot)
-        src = self._index.entry(source_id)
-        h = self._hosts.host(src.record.host)
+        src = self.index.entry(source_id)
+        h = self.hosts.host(src.record.host)
         vol = h.volumes
         if not h.files_local or h.virtual:
             raise InvalidRequest(
                 "clone_from_snapshot needs a host with local files; use "
                 "capture_state/clone_from_state for remote hosts"
             )
-        if self._index.get(spec.instance_id) is not None:
+        if self.index.get(spec.instance_id) is not None:
             raise Conflict(f"instance {spec.instance_id!r} already exists")
         dom = await lookup(h, src)
         src_definition = await dom.definition(inactive=True)
@@ -175,8 +174,8 @@ class Clones:
         )
         entry = Entry(record=record, state=InstanceState.DEFINED)
         new = NewInstance(
-            self._ctx,
-            self._index,
+            self.ctx,
+            self.index,
             entry,
             f"clone of {source_id}@{snapshot}",
             stage="disk",
@@ -198,6 +197,6 @@ class Clones:
             if start:
                 new.step("booting")
                 await clone.start()
-                self._index.set_state(entry, InstanceState.RUNNING, "started")
-        self._index.announce_created(entry, f"cloned from {source_id}@{snapshot}")
-        return self._index.view(entry)
+                self.index.set_state(entry, InstanceState.RUNNING, "started")
+        self.index.announce_created(entry, f"cloned from {source_id}@{snapshot}")
+        return self.index.view(entry)

@@ -44,12 +44,13 @@ def observe_stages(observer: StageObserver) -> Iterator[None]:
 class FleetContext:
     def __init__(
         self,
-        config: FleetConfig | None = None,
-        *,
-        on_event: EventCallback | None = None,
-        fault_hook: FaultHook | None = None,
-        on_call: CallObserver | None = None,
+        config: FleetConfig | None,
+        on_event: EventCallback | None,
+        fault_hook: FaultHook | None,
+        on_call: CallObserver | None,
     ) -> None:
+        """``on_event`` gets every `FleetEvent`; ``fault_hook``: see `FaultHook`; ``on_call``:
+        see `CallObserver`."""
         self.config = config or FleetConfig()
         self.on_call = on_call
         self.events = EventSink(on_event)

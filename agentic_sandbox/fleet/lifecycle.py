@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import uuid as uuidlib
+from dataclasses import dataclass
 
 from .build import NewInstance
 from .context import FleetContext
@@ -50,36 +51,30 @@ async def power_on(index: InstanceIndex, host: HostDriver, e: Entry) -> None:
     index.set_state(e, InstanceState.RUNNING, "started")
 
 
+@dataclass(eq=False)
 class Lifecycle:
-    def __init__(
-        self,
-        ctx: FleetContext,
-        index: InstanceIndex,
-        hosts: HostRegistry,
-        states: SavedStates,
-    ) -> None:
-        self._ctx = ctx
-        self._index = index
-        self._hosts = hosts
-        self._states = states
+    ctx: FleetContext
+    index: InstanceIndex
+    hosts: HostRegistry
+    states: SavedStates
 
     # ------------------------------------------------------------------ queries
 
     async def get(self, instance_id: str) -> Instance:
-        return self._index.view(self._index.entry(instance_id))
+        return self.index.view(self.index.entry(instance_id))
 
     async def list_instances(
         self, *, host: str | None = None, owner: str | None = None, include_pooled: bool = False
     ) -> list[Instance]:
         out = []
-        for e in list(self._index.values()):
+        for e in list(self.index.values()):
             if host is not None and e.record.host != host:
                 continue
             if owner is not None and e.record.owner != owner:
                 continue
             if e.record.pool and not include_pooled:
                 continue
-            out.append(self._index.view(e))
+            out.append(self.index.view(e))
         return sorted(out, key=lambda i: i.instance_id)
 
     # ------------------------------------------------------------------ create
@@ -87,25 +82,25 @@ class Lifecycle:
     async def create(self, spec: InstanceSpec, *, start: bool = True) -> Instance:
         """Define (and by default start) a new instance. Repeating the same request returns
         the existing instance; on failure nothing of it is left behind."""
-        existing = self._index.reserve(
+        existing = self.index.reserve(
             spec.instance_id, lambda r: r.image == spec.image and r.owner == spec.owner
         )
         if existing is not None:
             async with existing.lock:
                 if start and existing.state in (InstanceState.DEFINED, InstanceState.SHUTOFF):
-                    await power_on(self._index, self._hosts.host(existing.record.host), existing)
-            return self._index.view(existing)
+                    await power_on(self.index, self.hosts.host(existing.record.host), existing)
+            return self.index.view(existing)
 
         record = instance_record(spec, host="")
         name = record.domain
         entry = Entry(record=record, state=InstanceState.DEFINED)
         new = NewInstance(
-            self._ctx, self._index, entry, f"create {spec.instance_id}", stage="placing"
+            self.ctx, self.index, entry, f"create {spec.instance_id}", stage="placing"
         )
         async with new:
             new.step("placing")
-            async with self._hosts.placement_lock:
-                h = await self._hosts.place(
+            async with self.hosts.placement_lock:
+                h = await self.hosts.place(
                     PlacementRequest(
                         vcpus=spec.resources.vcpus,
                         memory_mib=spec.resources.memory_mib,
@@ -137,7 +132,7 @@ class Lifecycle:
             overlay_name = f"{name}.qcow2"
             # a leftover with no domain is an orphan
             await vol.delete(vol.path("instances", overlay_name))
-            self._ctx.fault("disk")
+            self.ctx.fault("disk")
             record.overlay = await vol.create_overlay("instances", overlay_name, base, cap)
             new.made_file("overlay", record.overlay)
 
@@ -148,43 +143,43 @@ class Lifecycle:
             cfg = domain_config(
                 spec,
                 record,
-                config=self._ctx.config,
+                config=self.ctx.config,
                 uuid=str(uuidlib.uuid4()),
                 domain_type=h.domain_type,
                 boot=boot,
             )
             dom = await new.define(h.render(cfg))
-            self._ctx.fault("defined")
+            self.ctx.fault("defined")
 
             if start:
                 new.step("booting")
                 await dom.start()
-                self._index.set_state(entry, InstanceState.RUNNING, "started")
-        self._index.announce_created(entry)
-        return self._index.view(entry)
+                self.index.set_state(entry, InstanceState.RUNNING, "started")
+        self.index.announce_created(entry)
+        return self.index.view(entry)
 
     # ------------------------------------------------------------------ state changes
 
     def _live(self, instance_id: str) -> tuple[Entry, HostDriver]:
-        e = self._index.entry(instance_id)
-        return e, self._hosts.host(e.record.host)
+        e = self.index.entry(instance_id)
+        return e, self.hosts.host(e.record.host)
 
     async def start(self, instance_id: str) -> Instance:
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
-            await power_on(self._index, h, e)
-        return self._index.view(e)
+            self.index.check_live(e)
+            await power_on(self.index, h, e)
+        return self.index.view(e)
 
     async def shutdown(self, instance_id: str, *, grace_s: float | None = None) -> Instance:
         """Ask the guest to power off; after ``grace_s`` seconds, force it off."""
         e, h = self._live(instance_id)
-        timeout = self._ctx.config.shutdown_timeout_s if grace_s is None else grace_s
+        timeout = self.ctx.config.shutdown_timeout_s if grace_s is None else grace_s
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             dom = await lookup(h, e)
             if not await dom.is_active():
-                return self._index.view(e)
+                return self.index.view(e)
             with contextlib.suppress(FleetError):
                 await dom.shutdown()
             loop = asyncio.get_running_loop()
@@ -196,28 +191,28 @@ class Lifecycle:
             else:
                 with contextlib.suppress(FleetError):
                     await dom.destroy()
-                self._index.set_state(
+                self.index.set_state(
                     e, InstanceState.SHUTOFF, f"forced off after {timeout:g}s graceful timeout"
                 )
-                return self._index.view(e)
-            self._index.set_state(e, InstanceState.SHUTOFF, "guest shut down")
-        return self._index.view(e)
+                return self.index.view(e)
+            self.index.set_state(e, InstanceState.SHUTOFF, "guest shut down")
+        return self.index.view(e)
 
     async def force_off(self, instance_id: str) -> Instance:
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             dom = await lookup(h, e)
             if await dom.is_active():
                 await dom.destroy()
-            self._index.set_state(e, InstanceState.SHUTOFF, "powered off")
-        return self._index.view(e)
+            self.index.set_state(e, InstanceState.SHUTOFF, "powered off")
+        return self.index.view(e)
 
     async def reboot(self, instance_id: str, *, hard: bool = False) -> Instance:
         """ACPI reboot request (the guest decides), or ``hard``: an immediate reset."""
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             dom = await lookup(h, e)
             if not await dom.is_active():
                 raise InvalidRequest(f"instance {instance_id} is not running")
@@ -225,66 +220,66 @@ class Lifecycle:
                 await dom.reset()
             else:
                 await dom.reboot()
-        return self._index.view(e)
+        return self.index.view(e)
 
     async def suspend(self, instance_id: str) -> Instance:
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             dom = await lookup(h, e)
             if (await dom.status()).power is PowerState.PAUSED:
-                return self._index.view(e)
+                return self.index.view(e)
             if not await dom.is_active():
                 raise InvalidRequest(f"instance {instance_id} is not running")
             await dom.suspend()
-            self._index.set_state(e, InstanceState.PAUSED, "suspended")
-        return self._index.view(e)
+            self.index.set_state(e, InstanceState.PAUSED, "suspended")
+        return self.index.view(e)
 
     async def resume(self, instance_id: str) -> Instance:
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             dom = await lookup(h, e)
             power = (await dom.status()).power
             if power is PowerState.RUNNING:
-                return self._index.view(e)
+                return self.index.view(e)
             if power is not PowerState.PAUSED:
                 raise InvalidRequest(f"instance {instance_id} is not paused")
             await dom.resume()
-            self._index.set_state(e, InstanceState.RUNNING, "resumed")
-        return self._index.view(e)
+            self.index.set_state(e, InstanceState.RUNNING, "resumed")
+        return self.index.view(e)
 
     # ------------------------------------------------------------------ delete
 
     async def delete(self, instance_id: str) -> None:
         """Remove the domain (with snapshots, managed save), overlay, seeds, serial logs and
         port. Deleting an instance that does not exist succeeds."""
-        e = self._index.get(instance_id)
+        e = self.index.get(instance_id)
         if e is None:
             return
         async with e.lock:
-            if self._index.get(instance_id) is not e:
+            if self.index.get(instance_id) is not e:
                 return
             e.deleting = True
-            h = self._hosts.host(e.record.host)
+            h = self.hosts.host(e.record.host)
             if not h.reachable:
                 raise HostUnavailable(f"host {h.name} is unreachable: {h.reason}")
             key = (h.name, e.record.domain)
-            self._index.inflight.add(key)
+            self.index.inflight.add(key)
             try:
-                self._ctx.fault("delete")
+                self.ctx.fault("delete")
                 await h.remove_domain(e.record.domain, e.uuid)
                 await h.volumes.remove_instance_files(e.record)
             except BaseException:
                 e.deleting = False
                 raise
             finally:
-                self._index.inflight.discard(key)
+                self.index.inflight.discard(key)
             h.ports.release(e.record.ssh_port)
-            self._index.pop(instance_id)
+            self.index.pop(instance_id)
         # a deleted state's frozen disk goes with the last instance backed by it
-        await self._states.collect_frozen_disks(h)
-        self._ctx.emit(
+        await self.states.collect_frozen_disks(h)
+        self.ctx.emit(
             FleetEventKind.INSTANCE_DELETED,
             host=e.record.host,
             instance_id=instance_id,
@@ -300,9 +295,9 @@ class Lifecycle:
         enrollment token, and the in-guest agent re-reads it on the media change."""
         e, h = self._live(instance_id)
         async with e.lock:
-            self._index.check_live(e)
+            self.index.check_live(e)
             await self.set_seed_locked(h, e, seed)
-        return self._index.view(e)
+        return self.index.view(e)
 
     async def set_seed_locked(self, h: HostDriver, e: Entry, seed: str | None) -> None:
         vol = h.volumes

@@ -19,6 +19,7 @@ Domains without the prefix or the metadata are someone else's and are left alone
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from .context import FleetContext
 from .driver import HostDriver
@@ -43,11 +44,11 @@ def owns(host: HostDriver, rec: InstanceRecord) -> bool:
     return any(p and vol.holds("instances", p) for p in (rec.overlay, rec.serial_log))
 
 
+@dataclass(eq=False)
 class Reconciler:
-    def __init__(self, ctx: FleetContext, index: InstanceIndex, states: SavedStates) -> None:
-        self._ctx = ctx
-        self._index = index
-        self._states = states
+    ctx: FleetContext
+    index: InstanceIndex
+    states: SavedStates
 
     async def reconcile_host(self, h: HostDriver) -> ReconcileReport:
         scans = await h.list_domains()
@@ -69,7 +70,7 @@ class Reconciler:
                 continue
             rec = rec.model_copy(update={"host": h.name, "domain": s.name})
             state = s.status.state
-            e = self._index.get(rec.instance_id)
+            e = self.index.get(rec.instance_id)
             if e is not None and e.record.host != h.name:
                 log.warning(
                     "instance %s found on %s but indexed on %s; leaving it",
@@ -84,9 +85,9 @@ class Reconciler:
                 h.ports.claim(rec.ssh_port)
             if e is None:
                 e = Entry(record=rec, state=state, uuid=s.uuid, reason="adopted")
-                self._index.add(e)
+                self.index.add(e)
                 report.adopted.append(rec.instance_id)
-                self._ctx.emit(
+                self.ctx.emit(
                     FleetEventKind.INSTANCE_ADOPTED,
                     host=h.name,
                     instance_id=rec.instance_id,
@@ -94,32 +95,32 @@ class Reconciler:
                     detail=f"domain {s.name} found in libvirt",
                 )
                 continue
-            if e.deleting or self._index.busy(h.name, s.name):
+            if e.deleting or self.index.busy(h.name, s.name):
                 continue
             e.uuid = s.uuid
             if e.record.domain != s.name or e.state in (InstanceState.UNKNOWN, InstanceState.LOST):
                 e.record = rec
             if e.state != state:
                 report.states_changed.append(rec.instance_id)
-            self._index.set_state(e, state, "reconciled")
+            self.index.set_state(e, state, "reconciled")
 
-        for e in self._index.on_host(h.name):
+        for e in self.index.on_host(h.name):
             if e.record.instance_id in seen or e.deleting:
                 continue
-            if self._index.busy(h.name, e.record.domain):
+            if self.index.busy(h.name, e.record.domain):
                 continue
             if e.state is not InstanceState.LOST:
                 report.lost.append(e.record.instance_id)
-                self._index.set_state(e, InstanceState.LOST, "domain no longer exists in libvirt")
+                self.index.set_state(e, InstanceState.LOST, "domain no longer exists in libvirt")
 
         report.orphans_removed.extend(await self._remove_orphans(h, domain_names))
-        await self._states.load(h)
+        await self.states.load(h)
         return report
 
     async def _remove_orphans(self, h: HostDriver, domains: set[str]) -> list[str]:
-        indexed = {e.record.domain for e in self._index.on_host(h.name)}
-        busy = {d for (host, d) in self._index.inflight if host == h.name}
-        removed = await h.volumes.sweep_orphans(domains | busy | indexed, self._states.busy())
+        indexed = {e.record.domain for e in self.index.on_host(h.name)}
+        busy = {d for (host, d) in self.index.inflight if host == h.name}
+        removed = await h.volumes.sweep_orphans(domains | busy | indexed, self.states.busy())
         for n in removed:
-            self._ctx.emit(FleetEventKind.ORPHAN_REMOVED, host=h.name, detail=n)
+            self.ctx.emit(FleetEventKind.ORPHAN_REMOVED, host=h.name, detail=n)
         return removed

@@ -39,24 +39,18 @@ from .kvm_probe import AccelReport
 from .libvirt import LibvirtHost, LoopBridge
 from .lifecycle import Lifecycle
 from .models import (
-    CloneSpec,
-    EgressPolicy,
     FleetConfig,
-    HostInfo,
     HostSpec,
-    Instance,
     InstanceRecord,
-    InstanceSpec,
     InstanceState,
     ReconcileReport,
     SavedState,
-    SnapshotInfo,
 )
 from .monitor import Monitor
 from .reconcile import Reconciler
 from .snapshots import Snapshots
 from .states import SavedStates
-from .warm_pool import PoolStatus, WarmPool
+from .warm_pool import WarmPool
 
 
 class Fleet:
@@ -72,9 +66,7 @@ class Fleet:
         on_call: CallObserver | None = None,
         make_driver: DriverFactory | None = None,
     ) -> None:
-        ctx = self.context = FleetContext(
-            config, on_event=on_event, fault_hook=fault_hook, on_call=on_call
-        )
+        ctx = self.context = FleetContext(config, on_event, fault_hook, on_call)
         self.config = ctx.config
         self.index = InstanceIndex(ctx)
         self.states = SavedStates(ctx, self.index)
@@ -91,6 +83,48 @@ class Fleet:
         self.snapshots = Snapshots(ctx, self.index, self.hosts)
         self.clones = Clones(ctx, self.index, self.hosts, self.states)
         self.pools = WarmPool(ctx, self.index, self.hosts, self.states, self.clones, self.lifecycle)
+
+        # The public operations are the parts' own (see docs/fleet.md for the list).
+        hosts, life, snaps, clones, pools = (
+            self.hosts,
+            self.lifecycle,
+            self.snapshots,
+            self.clones,
+            self.pools,
+        )
+        self.add_host = hosts.add_host
+        self.remove_host = hosts.remove_host
+        self.list_hosts = hosts.list_hosts
+        self.host_info = hosts.host_info
+        self.import_image = hosts.import_image
+
+        self.create = life.create
+        self.get = life.get
+        self.list_instances = life.list_instances
+        self.start = life.start
+        self.shutdown = life.shutdown
+        self.force_off = life.force_off
+        self.reboot = life.reboot
+        self.suspend = life.suspend
+        self.resume = life.resume
+        self.delete = life.delete
+        self.set_seed = life.set_seed
+        self.read_serial_log = life.read_serial_log
+
+        self.create_snapshot = snaps.create_snapshot
+        self.list_snapshots = snaps.list_snapshots
+        self.revert_snapshot = snaps.revert_snapshot
+        self.delete_snapshot = snaps.delete_snapshot
+
+        self.list_states = self.states.list_states
+        self.clone_from_state = clones.clone_from_state
+        self.clone_from_snapshot = clones.clone_from_snapshot
+
+        self.configure_pool = pools.configure_pool
+        self.pool_status = pools.pool_status
+        self.take_from_pool = pools.take_from_pool
+        self.remove_pool = pools.remove_pool
+        self.drain_pools = pools.drain_pools
 
     def _libvirt_host(self, spec: HostSpec) -> HostDriver:
         ctx = self.context
@@ -140,94 +174,11 @@ class Fleet:
     ) -> None:
         await self.close()
 
-    # ------------------------------------------------------------------ hosts
-
-    async def add_host(self, spec: HostSpec) -> HostInfo:
-        return await self.hosts.add_host(spec)
-
-    async def remove_host(
-        self, name: str, *, force: bool = False, forget_storage: bool = False
-    ) -> None:
-        await self.hosts.remove_host(name, force=force, forget_storage=forget_storage)
-
-    async def list_hosts(self) -> list[HostInfo]:
-        return await self.hosts.list_hosts()
-
-    async def host_info(self, name: str) -> HostInfo:
-        return await self.hosts.host_info(name)
-
-    async def import_image(
-        self, name: str, path: str, *, host: str | None = None, replace: bool = False
-    ) -> dict[str, str]:
-        return await self.hosts.import_image(name, path, host=host, replace=replace)
-
     def accel(self, host: str) -> AccelReport | None:
         """Which accelerator guests on ``host`` use and why (KVM probe result)."""
         return self.hosts.host(host).accel
 
-    # ------------------------------------------------------------------ instances
-
-    async def create(self, spec: InstanceSpec, *, start: bool = True) -> Instance:
-        return await self.lifecycle.create(spec, start=start)
-
-    async def get(self, instance_id: str) -> Instance:
-        return await self.lifecycle.get(instance_id)
-
-    async def list_instances(
-        self, *, host: str | None = None, owner: str | None = None, include_pooled: bool = False
-    ) -> list[Instance]:
-        return await self.lifecycle.list_instances(
-            host=host, owner=owner, include_pooled=include_pooled
-        )
-
-    async def start(self, instance_id: str) -> Instance:
-        return await self.lifecycle.start(instance_id)
-
-    async def shutdown(self, instance_id: str, *, grace_s: float | None = None) -> Instance:
-        return await self.lifecycle.shutdown(instance_id, grace_s=grace_s)
-
-    async def force_off(self, instance_id: str) -> Instance:
-        return await self.lifecycle.force_off(instance_id)
-
-    async def reboot(self, instance_id: str, *, hard: bool = False) -> Instance:
-        return await self.lifecycle.reboot(instance_id, hard=hard)
-
-    async def suspend(self, instance_id: str) -> Instance:
-        return await self.lifecycle.suspend(instance_id)
-
-    async def resume(self, instance_id: str) -> Instance:
-        return await self.lifecycle.resume(instance_id)
-
-    async def delete(self, instance_id: str) -> None:
-        await self.lifecycle.delete(instance_id)
-
-    async def set_seed(self, instance_id: str, seed: str | None) -> Instance:
-        return await self.lifecycle.set_seed(instance_id, seed)
-
-    async def read_serial_log(self, instance_id: str, offset: int = 0) -> bytes:
-        return await self.lifecycle.read_serial_log(instance_id, offset)
-
-    # ------------------------------------------------------------------ snapshots
-
-    async def create_snapshot(
-        self, instance_id: str, name: str, *, with_memory: bool | None = None, description: str = ""
-    ) -> SnapshotInfo:
-        return await self.snapshots.create_snapshot(
-            instance_id, name, with_memory=with_memory, description=description
-        )
-
-    async def list_snapshots(self, instance_id: str) -> list[SnapshotInfo]:
-        return await self.snapshots.list_snapshots(instance_id)
-
-    async def revert_snapshot(
-        self, instance_id: str, name: str, *, paused: bool = False
-    ) -> Instance:
-        return await self.snapshots.revert_snapshot(instance_id, name, paused=paused)
-
-    async def delete_snapshot(self, instance_id: str, name: str) -> None:
-        await self.snapshots.delete_snapshot(instance_id, name)
-
-    # ------------------------------------------------------------------ saved states, clones
+    # ------------------------------------------------------------------ what spans parts
 
     async def capture_state(
         self, instance_id: str, state_id: str, *, keep_running: bool = False
@@ -241,9 +192,6 @@ class Fleet:
         host = self.hosts.host(self.index.entry(instance_id).record.host)
         return await self.states.capture(host, instance_id, state_id, keep_running=keep_running)
 
-    async def list_states(self) -> list[SavedState]:
-        return await self.states.list_states()
-
     async def delete_state(self, state_id: str) -> None:
         """Delete a saved state. Its memory image goes at once (nothing can be restored from it
         any more); its frozen disk stays while instances restored from it (or frozen disks of
@@ -256,52 +204,6 @@ class Fleet:
         if users:
             raise Conflict(f"state {state_id} backs warm pool(s) {users}; drain them first")
         await self.states.delete(self.hosts.host(st.host), st)
-
-    async def clone_from_state(
-        self,
-        state_id: str,
-        spec: CloneSpec,
-        *,
-        paused: bool = False,
-        pool: str | None = None,
-        domain: str | None = None,
-    ) -> Instance:
-        return await self.clones.clone_from_state(
-            state_id, spec, paused=paused, pool=pool, domain=domain
-        )
-
-    async def clone_from_snapshot(
-        self, source_id: str, snapshot: str, spec: CloneSpec, *, start: bool = True
-    ) -> Instance:
-        return await self.clones.clone_from_snapshot(source_id, snapshot, spec, start=start)
-
-    # ------------------------------------------------------------------ warm pool
-
-    async def configure_pool(
-        self,
-        key: str,
-        state_id: str,
-        size: int,
-        *,
-        egress: EgressPolicy = EgressPolicy.ISOLATED,
-        agent_port: int = 8120,
-        wait: bool = False,
-    ) -> PoolStatus:
-        return await self.pools.configure_pool(
-            key, state_id, size, egress=egress, agent_port=agent_port, wait=wait
-        )
-
-    async def pool_status(self) -> list[PoolStatus]:
-        return await self.pools.pool_status()
-
-    async def take_from_pool(self, key: str, spec: CloneSpec) -> Instance | None:
-        return await self.pools.take_from_pool(key, spec)
-
-    async def remove_pool(self, key: str) -> None:
-        await self.pools.remove_pool(key)
-
-    async def drain_pools(self) -> None:
-        await self.pools.drain_pools()
 
     # ------------------------------------------------------------------ reconciliation
 

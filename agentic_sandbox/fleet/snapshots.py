@@ -8,6 +8,8 @@ snapshot needs the instance shut off.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .context import FleetContext
 from .errors import InvalidRequest, NotFound
 from .hosts import HostRegistry
@@ -16,11 +18,11 @@ from .lifecycle import lookup
 from .models import FleetEventKind, Instance, InstanceState, SnapshotInfo, validate_name
 
 
+@dataclass(eq=False)
 class Snapshots:
-    def __init__(self, ctx: FleetContext, index: InstanceIndex, hosts: HostRegistry) -> None:
-        self._ctx = ctx
-        self._index = index
-        self._hosts = hosts
+    ctx: FleetContext
+    index: InstanceIndex
+    hosts: HostRegistry
 
     async def create_snapshot(
         self, instance_id: str, name: str, *, with_memory: bool | None = None, description: str = ""
@@ -28,9 +30,9 @@ class Snapshots:
         """``with_memory``: None = memory when the instance runs, disk-only when it is off.
         Idempotent: an existing snapshot of that name is returned."""
         validate_name(name)
-        e = self._index.entry(instance_id)
+        e = self.index.entry(instance_id)
         async with e.lock:
-            dom = await lookup(self._hosts.host(e.record.host), e)
+            dom = await lookup(self.hosts.host(e.record.host), e)
             active = await dom.is_active()
             if with_memory is None:
                 with_memory = bool(active)
@@ -42,7 +44,7 @@ class Snapshots:
                     "cannot take one of a running QEMU); take a memory snapshot instead"
                 )
             info = await dom.create_snapshot(instance_id, name, description, with_memory)
-        self._ctx.emit(
+        self.ctx.emit(
             FleetEventKind.SNAPSHOT_CREATED,
             host=e.record.host,
             instance_id=instance_id,
@@ -51,8 +53,8 @@ class Snapshots:
         return info
 
     async def list_snapshots(self, instance_id: str) -> list[SnapshotInfo]:
-        e = self._index.entry(instance_id)
-        dom = await lookup(self._hosts.host(e.record.host), e)
+        e = self.index.entry(instance_id)
+        dom = await lookup(self.hosts.host(e.record.host), e)
         return sorted(await dom.list_snapshots(instance_id), key=lambda s: (s.created_at, s.name))
 
     async def revert_snapshot(
@@ -61,34 +63,34 @@ class Snapshots:
         """Go back to a snapshot: a memory snapshot resumes exactly where it was taken
         (``paused`` leaves it paused); a disk-only one leaves the instance shut off."""
         validate_name(name)
-        e = self._index.entry(instance_id)
+        e = self.index.entry(instance_id)
         async with e.lock:
-            dom = await lookup(self._hosts.host(e.record.host), e)
+            dom = await lookup(self.hosts.host(e.record.host), e)
             try:
                 status = await dom.revert_snapshot(name, paused=paused)
             except NotFound as err:
                 raise NotFound(f"instance {instance_id} has no snapshot {name!r}") from err
-            self._index.set_state(e, status.state, "observed")
+            self.index.set_state(e, status.state, "observed")
             if e.state is InstanceState.RUNNING:
                 e.reason = f"reverted to {name}"
-        self._ctx.emit(
+        self.ctx.emit(
             FleetEventKind.SNAPSHOT_REVERTED,
             host=e.record.host,
             instance_id=instance_id,
             state=e.state,
             detail=name,
         )
-        return self._index.view(e)
+        return self.index.view(e)
 
     async def delete_snapshot(self, instance_id: str, name: str) -> None:
         """Idempotent: deleting a snapshot that does not exist succeeds."""
         validate_name(name)
-        e = self._index.entry(instance_id)
+        e = self.index.entry(instance_id)
         async with e.lock:
-            dom = await lookup(self._hosts.host(e.record.host), e)
+            dom = await lookup(self.hosts.host(e.record.host), e)
             removed = await dom.delete_snapshot(name)
         if removed:
-            self._ctx.emit(
+            self.ctx.emit(
                 FleetEventKind.SNAPSHOT_DELETED,
                 host=e.record.host,
                 instance_id=instance_id,

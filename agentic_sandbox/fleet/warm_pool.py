@@ -63,23 +63,15 @@ class PoolStatus:
     last_error: str
 
 
+@dataclass(eq=False)
 class WarmPool:
-    def __init__(
-        self,
-        ctx: FleetContext,
-        index: InstanceIndex,
-        hosts: HostRegistry,
-        states: SavedStates,
-        clones: Clones,
-        lifecycle: Lifecycle,
-    ) -> None:
-        self._ctx = ctx
-        self._index = index
-        self._hosts = hosts
-        self._states = states
-        self._clones = clones
-        self._lifecycle = lifecycle
-        self.slots: dict[str, PoolSlot] = {}
+    ctx: FleetContext
+    index: InstanceIndex
+    hosts: HostRegistry
+    states: SavedStates
+    clones: Clones
+    lifecycle: Lifecycle
+    slots: dict[str, PoolSlot] = field(default_factory=dict, init=False)
 
     def users_of(self, state_id: str) -> list[str]:
         """The pools that keep clones of ``state_id``."""
@@ -100,7 +92,7 @@ class WarmPool:
         validate_name(key)
         if size < 0:
             raise InvalidRequest("size must be >= 0")
-        if state_id not in self._states:
+        if state_id not in self.states:
             raise NotFound(f"no saved state {state_id!r}")
         slot = self.slots.get(key)
         if slot is None:
@@ -113,7 +105,7 @@ class WarmPool:
                 egress,
                 agent_port,
             )
-        for e in self._index.values():
+        for e in self.index.values():
             if (
                 e.record.pool == key
                 and e.record.instance_id not in slot.ready
@@ -121,7 +113,7 @@ class WarmPool:
             ):
                 slot.ready.append(e.record.instance_id)
         while len(slot.ready) > size:
-            await self._lifecycle.delete(slot.ready.pop())
+            await self.lifecycle.delete(slot.ready.pop())
         self._kick(slot)
         if wait and slot.refill is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -136,18 +128,18 @@ class WarmPool:
 
     def _kick(self, slot: PoolSlot, delay: float = 0.0) -> None:
         if slot.refill is None or slot.refill.done():
-            slot.refill = self._ctx.spawn(self._refill(slot, delay))
+            slot.refill = self.ctx.spawn(self._refill(slot, delay))
 
     async def _refill(self, slot: PoolSlot, delay: float = 0.0) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
-        config = self._ctx.config
-        while len(slot.ready) < slot.size and not self._ctx.closed:
-            st = self._states.get(slot.state_id)
+        config = self.ctx.config
+        while len(slot.ready) < slot.size and not self.ctx.closed:
+            st = self.states.get(slot.state_id)
             if st is None:
                 slot.last_error = f"saved state {slot.state_id} is gone"
                 return
-            h = self._hosts.host(st.host)
+            h = self.hosts.host(st.host)
             try:
                 free_mib = await h.free_memory_mib()
             except FleetError as e:
@@ -167,8 +159,8 @@ class WarmPool:
                 # a step that fails deletes what there is of it (the clone cleans up after
                 # itself; a member that was restored but not paused is deleted here).
                 async with Transaction() as tx:
-                    tx.on_undo("member", partial(self._lifecycle.delete, member))
-                    await self._clones.clone_from_state(
+                    tx.on_undo("member", partial(self.lifecycle.delete, member))
+                    await self.clones.clone_from_state(
                         slot.state_id,
                         CloneSpec(
                             instance_id=member,
@@ -182,14 +174,14 @@ class WarmPool:
                     )
                     if warmup > 0:
                         await asyncio.sleep(warmup)
-                        await self._lifecycle.suspend(member)
+                        await self.lifecycle.suspend(member)
             except FleetError as e:
                 slot.last_error = str(e)
                 log.warning("warm pool %s: refill failed: %s", slot.key, e)
                 return
             slot.ready.append(member)
             slot.last_error = ""
-            self._ctx.emit(
+            self.ctx.emit(
                 FleetEventKind.POOL_REFILLED,
                 host=h.name,
                 instance_id=member,
@@ -206,15 +198,15 @@ class WarmPool:
             raise InvalidRequest(
                 f"pool {key} serves egress={slot.egress.value} agent_port={slot.agent_port}"
             )
-        if spec.instance_id in self._index:
+        if spec.instance_id in self.index:
             raise Conflict(f"instance {spec.instance_id!r} already exists")
         while slot.ready:
             member = slot.ready.pop(0)
-            e = self._index.get(member)
+            e = self.index.get(member)
             if e is None or e.deleting or e.state is not InstanceState.PAUSED:
                 continue
             async with e.lock:
-                h = self._hosts.host(e.record.host)
+                h = self.hosts.host(e.record.host)
                 old = e.record
                 record = old.model_copy(
                     update={
@@ -229,29 +221,29 @@ class WarmPool:
                 try:
                     dom = await lookup(h, e)
                     # re-key first so events from the resume find the new id
-                    self._index.rekey(e, record)
+                    self.index.rekey(e, record)
                     # Resume first: the guest runs while the host writes its config, and a
                     # media change (the new seed) needs a running guest to release the tray —
                     # on a paused one QEMU waits for the eject until it times out.
-                    self._ctx.fault("booting")
+                    self.ctx.fault("booting")
                     await dom.resume()
                     if spec.seed:
-                        await self._lifecycle.set_seed_locked(h, e, spec.seed)
+                        await self.lifecycle.set_seed_locked(h, e, spec.seed)
                     await dom.set_record(record)
                 except FleetError as err:
                     log.warning(
                         "warm pool %s: hand-off of %s failed: %s", key, old.instance_id, err
                     )
-                    self._index.pop(spec.instance_id)
-                    self._index.rekey(
+                    self.index.pop(spec.instance_id)
+                    self.index.rekey(
                         e, e.record.model_copy(update={"instance_id": old.instance_id})
                     )
-                    self._ctx.spawn(self._lifecycle.delete(old.instance_id))
+                    self.ctx.spawn(self.lifecycle.delete(old.instance_id))
                     continue
-                self._index.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")
-            self._index.announce_created(e, f"from warm pool {key}")
-            self._kick(slot, self._ctx.config.pool_refill_delay_s)
-            return self._index.view(e)
+                self.index.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")
+            self.index.announce_created(e, f"from warm pool {key}")
+            self._kick(slot, self.ctx.config.pool_refill_delay_s)
+            return self.index.view(e)
         self._kick(slot)
         return None
 
@@ -272,11 +264,11 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slot.refill
         members = set(slot.ready) | {
-            e.record.instance_id for e in self._index.values() if e.record.pool == slot.key
+            e.record.instance_id for e in self.index.values() if e.record.pool == slot.key
         }
         for member in sorted(members):
             with contextlib.suppress(FleetError):
-                await self._lifecycle.delete(member)
+                await self.lifecycle.delete(member)
         slot.ready.clear()
         self.slots.pop(key, None)
 
