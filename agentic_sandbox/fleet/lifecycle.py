@@ -260,10 +260,10 @@ class Lifecycle:
         async with e.lock:
             if self.index.get(instance_id) is not e:
                 return
-            e.deleting = True
             h = self.hosts.host(e.record.host)
-            if not h.reachable:
+            if not h.reachable:  # refused, not begun: the instance stays as it was
                 raise HostUnavailable(f"host {h.name} is unreachable: {h.reason}")
+            e.deleting = True
             key = (h.name, e.record.domain)
             self.index.inflight.add(key)
             try:

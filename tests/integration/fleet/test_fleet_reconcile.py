@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import node_uri, wait_for
 
@@ -13,6 +14,7 @@ from agentic_sandbox.fleet import (
     FleetConfig,
     FleetEvent,
     HostSpec,
+    HostUnavailable,
     InstanceRecord,
     InstanceSpec,
     InstanceState,
@@ -148,3 +150,21 @@ async def test_host_loss_marks_unknown_then_reconnect_reconciles(env: Env) -> No
     assert "host.reconnected" in env.kinds()
     lost = [e for e in env.events if e.instance_id == "a1" and e.kind.value == "instance.lost"]
     assert len(lost) == 1
+
+
+async def test_a_delete_refused_while_the_host_is_away_leaves_the_instance_as_it_was(
+    env: Env,
+) -> None:
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="a1", image="img"))
+    h = f.hosts["h1"]
+    h.mark_unreachable("simulated link loss")
+    with pytest.raises(HostUnavailable):
+        await f.delete("a1")
+    assert not f.index["a1"].deleting
+    # when the host answers again the instance is reconciled like any other (here: lost, the
+    # test driver comes back empty), and a delete then goes through
+    await wait_for(lambda: h.conn is not None, what="reconnect")
+    await wait_for(lambda: f.index["a1"].state is InstanceState.LOST, what="reconciled")
+    await f.delete("a1")
+    assert "a1" not in f.index
