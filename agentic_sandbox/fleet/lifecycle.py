@@ -31,6 +31,7 @@ from .models import (
 )
 from .placement import PlacementRequest
 from .states import SavedStates
+from .transaction import Transaction
 
 GiB = 1 << 30
 
@@ -300,22 +301,21 @@ class Lifecycle:
         return self.index.view(e)
 
     async def set_seed_locked(self, h: HostDriver, e: Entry, seed: str | None) -> None:
+        """`set_seed` with ``e``'s lock held: the new seed goes in under a name of its own
+        (the old one may be open in the guest), then the record; the old seed file goes
+        last. A step that fails removes the new file again."""
         vol = h.volumes
         dom = await lookup(h, e)
         old = e.record.seed
         new_path = None
-        if seed is not None:
-            new_path = await vol.put_file(
-                "instances", f"{e.record.domain}.seed-{secrets.token_hex(4)}.iso", seed
-            )
-        try:
+        async with Transaction() as tx:
+            if seed is not None:
+                name = f"{e.record.domain}.seed-{secrets.token_hex(4)}.iso"
+                path = new_path = await vol.put_file("instances", name, seed)
+                tx.on_undo("seed", lambda: vol.delete(path))
             await dom.change_media(new_path)
             record = e.record.model_copy(update={"seed": new_path})
             await dom.set_record(record)
-        except BaseException:
-            if new_path:
-                await vol.delete(new_path)
-            raise
         e.record = record
         if old and old != new_path:
             await vol.delete(old)
