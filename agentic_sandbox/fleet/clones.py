@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .build import NewInstance
 from .context import FleetContext
 from .domain_config import CloneIdentity, domain_name_for, net_config
+from .driver import require_reachable
 from .errors import Conflict, InvalidRequest, NotFound
 from .hosts import HostRegistry
 from .index import Entry, InstanceIndex
@@ -141,6 +142,7 @@ class Clones:
         validate_name(snapshot)
         src = self.index.entry(source_id)
         h = self.hosts.host(src.record.host)
+        require_reachable(h)
         vol = h.volumes
         if not h.files_local or h.virtual:
             raise InvalidRequest(

@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from .domain_config import CloneIdentity, DomainConfig
+from .errors import HostUnavailable
 from .kvm_probe import AccelReport
 from .models import HostSpec, InstanceRecord, InstanceState, SnapshotInfo
 from .ports import PortAllocator
@@ -324,3 +325,9 @@ class HostDriver(Protocol):
 
     async def define(self, definition: str) -> Domain:
         """Define (persistently) a domain; an existing one of that name is replaced."""
+
+
+def require_reachable(host: HostDriver) -> None:
+    """Refuse an operation that needs ``host`` now (`HostUnavailable`, naming why)."""
+    if not host.reachable:
+        raise HostUnavailable(f"host {host.name} is unreachable: {host.reason}")

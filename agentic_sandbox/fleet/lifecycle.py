@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from .build import NewInstance
 from .context import FleetContext
 from .domain_config import KernelPaths, domain_config, instance_record
-from .driver import Domain, HostDriver, PowerState
-from .errors import Conflict, FleetError, HostUnavailable, InvalidRequest, NotFound
+from .driver import Domain, HostDriver, PowerState, require_reachable
+from .errors import Conflict, FleetError, InvalidRequest, NotFound
 from .hosts import HostRegistry
 from .index import Entry, InstanceIndex
 from .models import (
@@ -262,8 +262,7 @@ class Lifecycle:
             if self.index.get(instance_id) is not e:
                 return
             h = self.hosts.host(e.record.host)
-            if not h.reachable:  # refused, not begun: the instance stays as it was
-                raise HostUnavailable(f"host {h.name} is unreachable: {h.reason}")
+            require_reachable(h)  # refused, not begun: the instance stays as it was
             e.deleting = True
             key = (h.name, e.record.domain)
             self.index.inflight.add(key)

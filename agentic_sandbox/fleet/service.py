@@ -33,7 +33,7 @@ from .context import CallObserver, FaultHook, FleetContext
 from .driver import HostDriver
 from .errors import Conflict
 from .events import EventCallback
-from .hosts import DriverFactory, HostRegistry
+from .hosts import HostRegistry
 from .index import Entry, InstanceIndex
 from .kvm_probe import AccelReport
 from .libvirt import LibvirtHost, LoopBridge
@@ -64,7 +64,6 @@ class Fleet:
         on_event: EventCallback | None = None,
         fault_hook: FaultHook | None = None,
         on_call: CallObserver | None = None,
-        make_driver: DriverFactory | None = None,
     ) -> None:
         ctx = self.context = FleetContext(config, on_event, fault_hook, on_call)
         self.config = ctx.config
@@ -76,7 +75,7 @@ class Fleet:
             ctx,
             self.index,
             self.states,
-            make_driver=make_driver or self._libvirt_host,
+            make_driver=self._libvirt_host,
             reconcile=self.reconciler.reconcile_host,
         )
         self.lifecycle = Lifecycle(ctx, self.index, self.hosts, self.states)
@@ -127,6 +126,8 @@ class Fleet:
         self.drain_pools = pools.drain_pools
 
     def _libvirt_host(self, spec: HostSpec) -> HostDriver:
+        """A host is a driver instance: libvirt's, for every URI (the seam for other ways to
+        reach a hypervisor is `HostRegistry`'s factory)."""
         ctx = self.context
         return LibvirtHost(
             spec, ctx.config, ctx.executor, listener=self.monitor, on_call=ctx.on_call
