@@ -98,8 +98,12 @@ class Lifecycle:
         new = NewInstance(
             self.ctx, self.index, entry, f"create {spec.instance_id}", stage="placing"
         )
+        # Every step below registers its undo with `new` as it is taken: a failure anywhere
+        # (or a cancellation) removes what was made and raises naming the stage.
         async with new:
             new.step("placing")
+            # reading every host's commitments and claiming one are one step, so parallel
+            # creates see each other's claims and spread
             async with self.hosts.placement_lock:
                 h = await self.hosts.place(
                     PlacementRequest(
@@ -117,6 +121,8 @@ class Lifecycle:
             new.step("ports")
             new.allocate_port()
 
+            # the stage is named before the checks (their errors are the disk stage's), the
+            # observers and the fault seam hear of it just before the overlay is made
             new.tx.stage = "disk"
             if await h.domain_exists(name):
                 raise Conflict(f"a domain named {name} already exists on {h.name}")
@@ -141,6 +147,7 @@ class Lifecycle:
             await new.seed_and_serial_log(spec.seed)
 
             new.step("defining")
+            # the same spec -> DomainConfig as the dry-run preview (`preview_domain_xml`)
             cfg = domain_config(
                 spec,
                 record,
