@@ -39,7 +39,7 @@ import shutil
 import struct
 import subprocess
 import xml.etree.ElementTree as ET
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import libvirt
 
@@ -278,7 +278,9 @@ class HostStorage:
             self._pools[kind].storageVolLookupByName(name).delete(0)
         self._pools[kind].createXML(ET.tostring(el, encoding="unicode"), 0)
 
-    def _upload(self, vol: libvirt.virStorageVol, offset: int, length: int, read) -> None:  # type: ignore[no-untyped-def]
+    def _upload(
+        self, vol: libvirt.virStorageVol, offset: int, length: int, read: Callable[[int], bytes]
+    ) -> None:
         st = self.conn.newStream(0)
         vol.upload(st, offset, length, 0)
         try:
