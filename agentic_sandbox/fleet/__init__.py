@@ -1,10 +1,11 @@
 """fleet: libvirt VM fleet — hosts, instances, disks, snapshots, clones, warm pool, events.
 
-The only package that touches libvirt. Import from here; the modules are private.
+The only package that touches libvirt (all of it under `fleet/libvirt/`, behind the driver
+protocol of `fleet/driver.py`). Import from here; the modules are private.
 """
 
-from .core import observe_stages
-from .domain_xml import METADATA_NS, preview_domain_xml
+from .context import observe_stages
+from .driver import Domain, HostDriver, Volumes
 from .errors import (
     Conflict,
     FleetError,
@@ -15,6 +16,7 @@ from .errors import (
     NotFound,
 )
 from .kvm_probe import AccelReport, probe_kvm
+from .libvirt import METADATA_NS, LibvirtHost, preview_domain_xml
 from .models import (
     AGENT_LINK_ADDRESS,
     DOMAIN_PREFIX,
@@ -55,6 +57,7 @@ __all__ = [
     "Capacity",
     "CloneSpec",
     "Conflict",
+    "Domain",
     "EgressPolicy",
     "FirmwareBoot",
     "Fleet",
@@ -62,6 +65,7 @@ __all__ = [
     "FleetError",
     "FleetEvent",
     "FleetEventKind",
+    "HostDriver",
     "HostInfo",
     "HostSpec",
     "HostUnavailable",
@@ -73,6 +77,7 @@ __all__ = [
     "IoTune",
     "KernelBoot",
     "LibvirtFailure",
+    "LibvirtHost",
     "NoCapacity",
     "NotFound",
     "PoolStatus",
@@ -80,6 +85,7 @@ __all__ = [
     "Resources",
     "SavedState",
     "SnapshotInfo",
+    "Volumes",
     "guard_dir",
     "observe_stages",
     "preview_domain_xml",

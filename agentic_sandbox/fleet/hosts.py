@@ -1,91 +1,130 @@
-"""Hosts: add/list/remove hypervisors, their load for placement, base images on them."""
+"""Hosts: the fleet's hypervisors (each a `HostDriver`), their load, placement, base images.
+
+`HostRegistry` is a read-only mapping of host name -> driver. It makes drivers with the
+factory it is given (libvirt's by default, see `service.Fleet`), tells a newly connected host's
+domains to reconciliation, and answers placement: reading every host's committed resources and
+claiming one happen under one lock, so parallel creates spread.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-from functools import partial
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
-from .connection import HostConnection
-from .core import FleetBase
+from .context import FleetContext
+from .driver import HostDriver
 from .errors import Conflict, FleetError, HostUnavailable, InvalidRequest, NotFound
+from .index import InstanceIndex
 from .models import FleetEventKind, HostInfo, HostSpec, InstanceState, validate_name
-from .placement import HostLoad
+from .placement import HostLoad, PlacementRequest, choose_host
+from .states import SavedStates
+
+DriverFactory = Callable[[HostSpec], HostDriver]
+Reconcile = Callable[[HostDriver], Awaitable[object]]
 
 
-class HostOps(FleetBase):
+class HostRegistry(Mapping[str, HostDriver]):
+    def __init__(
+        self,
+        ctx: FleetContext,
+        index: InstanceIndex,
+        states: SavedStates,
+        *,
+        make_driver: DriverFactory,
+        reconcile: Reconcile,
+    ) -> None:
+        self._ctx = ctx
+        self._index = index
+        self._states = states
+        self._make_driver = make_driver
+        self._reconcile = reconcile
+        self._hosts: dict[str, HostDriver] = {}
+        self.placement_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ mapping
+
+    def __getitem__(self, name: str) -> HostDriver:
+        return self._hosts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def host(self, name: str) -> HostDriver:
+        try:
+            return self._hosts[name]
+        except KeyError:
+            raise NotFound(f"no host {name!r}") from None
+
+    # ------------------------------------------------------------------ add / remove
+
     async def add_host(self, spec: HostSpec) -> HostInfo:
         """Connect a host. A host that cannot be reached now is kept (unreachable) and retried
         in the background. Adding the same spec again is a no-op."""
-        existing = self.hosts.get(spec.name)
+        existing = self._hosts.get(spec.name)
         if existing is not None:
             if existing.spec == spec:
                 return await self.host_info(spec.name)
             raise Conflict(f"host {spec.name!r} exists with a different definition")
-        h = HostConnection(
-            spec,
-            self.config,
-            self.executor,
-            on_lifecycle=self.on_lifecycle,  # type: ignore[attr-defined]
-            on_disconnect=self.on_disconnect,  # type: ignore[attr-defined]
-            on_reconnect=self.on_reconnect,  # type: ignore[attr-defined]
-            on_call=self.on_call,
-        )
-        self.hosts[spec.name] = h
-        self.emit(FleetEventKind.HOST_ADDED, host=spec.name, detail=spec.uri)
+        h = self._make_driver(spec)
+        self._hosts[spec.name] = h
+        self._ctx.emit(FleetEventKind.HOST_ADDED, host=spec.name, detail=spec.uri)
         try:
             await h.connect()
         except HostUnavailable as e:
-            self.emit(FleetEventKind.HOST_UNREACHABLE, host=spec.name, detail=str(e))
-            for ent in self.entries.values():
-                if ent.record.host == spec.name:
-                    self.set_state(ent, InstanceState.UNKNOWN, f"host unreachable: {e}")
+            self._ctx.emit(FleetEventKind.HOST_UNREACHABLE, host=spec.name, detail=str(e))
+            for ent in self._index.on_host(spec.name):
+                self._index.set_state(ent, InstanceState.UNKNOWN, f"host unreachable: {e}")
             h.start_reconnecting()
             return await self.host_info(spec.name)
-        await self.reconcile_host(h)
+        await self._reconcile(h)
         return await self.host_info(spec.name)
 
     async def remove_host(
         self, name: str, *, force: bool = False, forget_storage: bool = False
     ) -> None:
         """Forget a host. Refused while instances are on it unless ``force`` (their domains
-        stay in that libvirt untouched; the fleet stops tracking them). ``forget_storage``
-        also undefines the fleet's storage pools there (files are kept)."""
-        h = self.hosts.get(name)
+        stay on the host untouched; the fleet stops tracking them). ``forget_storage`` also
+        drops the fleet's stores there (files are kept)."""
+        h = self._hosts.get(name)
         if h is None:
             return
-        on_it = [e.record.instance_id for e in self.entries.values() if e.record.host == name]
+        on_it = [e.record.instance_id for e in self._index.on_host(name)]
         if on_it and not force:
             raise Conflict(f"host {name} still has instances {on_it}")
-        if forget_storage and h.storage is not None:
+        if forget_storage and h.reachable:
             with contextlib.suppress(FleetError):
-                await h.run(h.storage.forget_pools)
+                await h.volumes.forget()
         await h.close()
         for iid in on_it:
-            self.entries.pop(iid, None)
-        for sid in [s for s, st in self.saved_states.items() if st.host == name]:
-            self.saved_states.pop(sid, None)
-        del self.hosts[name]
-        self.emit(FleetEventKind.HOST_REMOVED, host=name)
+            self._index.pop(iid)
+        self._states.forget_host(name)
+        del self._hosts[name]
+        self._ctx.emit(FleetEventKind.HOST_REMOVED, host=name)
+
+    async def close(self) -> None:
+        for h in list(self._hosts.values()):
+            await h.close()
+
+    # ------------------------------------------------------------------ facts and load
 
     async def list_hosts(self) -> list[HostInfo]:
-        return [await self.host_info(n) for n in sorted(self.hosts)]
+        return [await self.host_info(n) for n in sorted(self._hosts)]
 
     async def host_info(self, name: str) -> HostInfo:
         h = self.host(name)
-        mine = [
-            e
-            for e in self.entries.values()
-            if e.record.host == name and e.state is not InstanceState.LOST
-        ]
+        mine = [e for e in self._index.on_host(name) if e.state is not InstanceState.LOST]
         free = 0
-        if h.conn is not None:
+        if h.reachable:
             with contextlib.suppress(FleetError):
-                free = await h.run(h.free_memory_mib)
+                free = await h.free_memory_mib()
         return HostInfo(
             spec=h.spec,
-            reachable=h.conn is not None,
+            reachable=h.reachable,
             reason=h.reason,
             accel=h.accel.accel if h.accel else None,
             accel_reason=h.accel.reason if h.accel else "",
@@ -99,12 +138,12 @@ class HostOps(FleetBase):
 
     async def host_loads(self) -> list[HostLoad]:
         loads = []
-        for name in sorted(self.hosts):
+        for name in sorted(self._hosts):
             info = await self.host_info(name)
             cap = info.spec.capacity
             groups: dict[str, int] = {}
-            for e in self.entries.values():
-                if e.record.host == name and e.record.anti_affinity:
+            for e in self._index.on_host(name):
+                if e.record.anti_affinity:
                     groups[e.record.anti_affinity] = groups.get(e.record.anti_affinity, 0) + 1
             loads.append(
                 HostLoad(
@@ -123,6 +162,12 @@ class HostOps(FleetBase):
             )
         return loads
 
+    async def place(self, req: PlacementRequest) -> HostDriver:
+        """The host for ``req`` (call under `placement_lock`, and claim it before leaving)."""
+        return self.host(choose_host(await self.host_loads(), req))
+
+    # ------------------------------------------------------------------ images
+
     async def import_image(
         self, name: str, path: str, *, host: str | None = None, replace: bool = False
     ) -> dict[str, str]:
@@ -133,16 +178,15 @@ class HostOps(FleetBase):
         validate_name(name)
         if not os.path.isabs(path) or not await asyncio.to_thread(os.path.isfile, path):
             raise InvalidRequest(f"image file {path!r} does not exist")
-        targets = [host] if host else sorted(self.hosts)
+        targets = [host] if host else sorted(self._hosts)
         out: dict[str, str] = {}
         for hn in targets:
-            h = self.host(hn)
-            _, storage = h.require()
-            dest = storage.path("bases", name)
-            if not replace and await h.run(storage.exists, dest):
+            vol = self.host(hn).volumes
+            dest = vol.path("bases", name)
+            if not replace and await vol.exists(dest):
                 out[hn] = dest
                 continue
-            out[hn] = await h.run(partial(storage.put_file, "bases", name, path, mode=0o644))
+            out[hn] = await vol.put_file("bases", name, path, mode=0o644)
         if not out:
             raise NotFound("no hosts to import into")
         return out

@@ -11,7 +11,7 @@ remembered per host (`ProbeMemory`, a JSON file in the host's data directory) un
 depends on (`probe_key`): the running kernel, the QEMU binary's version, the probe kernel, and
 ``/dev/kvm``'s identity (device numbers, inode, mode, owner, times — a reboot, a module reload
 or a permission change makes a new one). A start whose key matches uses the remembered answer
-at once and probes again in the background; see ``connection.HostConnection``.
+at once and probes again in the background; see ``libvirt.host.LibvirtHost``.
 """
 
 from __future__ import annotations

@@ -18,19 +18,12 @@ Domains without the prefix or the metadata are someone else's and are left alone
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
-import libvirt
-
-from .clones import read_save_header, state_from_xml
-from .connection import HostConnection
-from .core import Entry, FleetBase
-from .disks import HostStorage
-from .domain_xml import parse_record
-from .errors import FleetError
-from .events import state_from_domain
+from .context import FleetContext
+from .driver import HostDriver
+from .index import Entry, InstanceIndex
 from .models import (
     DOMAIN_PREFIX,
     FleetEventKind,
@@ -38,53 +31,27 @@ from .models import (
     InstanceState,
     ReconcileReport,
 )
+from .states import SavedStates
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DomainScan:
-    name: str
-    uuid: str
-    state: int
-    reason: int
-    xml: str
-
-
-def scan_domains(conn: libvirt.virConnect) -> list[DomainScan]:
-    out = []
-    for dom in conn.listAllDomains(0):
-        try:
-            st, reason = dom.state()
-            out.append(DomainScan(dom.name(), dom.UUIDString(), st, reason, dom.XMLDesc(0)))
-        except libvirt.libvirtError as e:  # vanished while listing
-            if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
-                raise
-    return out
-
-
-def owns(storage: HostStorage, rec: InstanceRecord) -> bool:
+def owns(host: HostDriver, rec: InstanceRecord) -> bool:
     """Whether a fleet domain is this fleet's: its disk lives in this fleet's data directory.
     Fleets with other data directories (another server, a test run, provision-vm.sh with
-    --data-dir) may share the libvirtd; their domains are theirs to adopt, change and delete."""
-    inst_dir = storage.dirs.get("instances", "").rstrip("/") + "/"
-    return any(p and p.startswith(inst_dir) for p in (rec.overlay, rec.serial_log))
+    --data-dir) may share the host; their domains are theirs to adopt, change and delete."""
+    vol = host.volumes
+    return any(p and vol.holds("instances", p) for p in (rec.overlay, rec.serial_log))
 
 
-class ReconcileOps(FleetBase):
-    async def reconcile(self, host: str | None = None) -> list[ReconcileReport]:
-        names = [host] if host else list(self.hosts)
-        reports = []
-        for name in names:
-            h = self.host(name)
-            if h.conn is None:
-                continue
-            reports.append(await self.reconcile_host(h))
-        return reports
+@dataclass(eq=False)
+class Reconciler:
+    ctx: FleetContext
+    index: InstanceIndex
+    states: SavedStates
 
-    async def reconcile_host(self, h: HostConnection) -> ReconcileReport:
-        conn, storage = h.require()
-        scans = await h.run(scan_domains, conn)
+    async def reconcile_host(self, h: HostDriver) -> ReconcileReport:
+        scans = await h.list_domains()
         report = ReconcileReport(host=h.name)
         seen: set[str] = set()
         domain_names = {s.name for s in scans}
@@ -92,17 +59,18 @@ class ReconcileOps(FleetBase):
             if not s.name.startswith(DOMAIN_PREFIX):
                 report.foreign.append(s.name)
                 continue
+            rec: InstanceRecord | None
             try:
-                rec = parse_record(s.xml)
+                rec = h.describe(s.definition).record
             except Exception as err:  # corrupt metadata: not ours to touch
                 log.warning("host %s: domain %s has unreadable metadata: %s", h.name, s.name, err)
                 rec = None
-            if rec is None or not owns(storage, rec):
+            if rec is None or not owns(h, rec):
                 report.foreign.append(s.name)  # not a fleet's, or another data directory's
                 continue
             rec = rec.model_copy(update={"host": h.name, "domain": s.name})
-            state = state_from_domain(s.state, s.reason)
-            e = self.entries.get(rec.instance_id)
+            state = s.status.state
+            e = self.index.get(rec.instance_id)
             if e is not None and e.record.host != h.name:
                 log.warning(
                     "instance %s found on %s but indexed on %s; leaving it",
@@ -117,9 +85,9 @@ class ReconcileOps(FleetBase):
                 h.ports.claim(rec.ssh_port)
             if e is None:
                 e = Entry(record=rec, state=state, uuid=s.uuid, reason="adopted")
-                self.entries[rec.instance_id] = e
+                self.index.add(e)
                 report.adopted.append(rec.instance_id)
-                self.emit(
+                self.ctx.emit(
                     FleetEventKind.INSTANCE_ADOPTED,
                     host=h.name,
                     instance_id=rec.instance_id,
@@ -127,70 +95,32 @@ class ReconcileOps(FleetBase):
                     detail=f"domain {s.name} found in libvirt",
                 )
                 continue
-            if e.deleting or (h.name, s.name) in self.inflight:
+            if e.deleting or self.index.busy(h.name, s.name):
                 continue
             e.uuid = s.uuid
             if e.record.domain != s.name or e.state in (InstanceState.UNKNOWN, InstanceState.LOST):
                 e.record = rec
             if e.state != state:
                 report.states_changed.append(rec.instance_id)
-            self.set_state(e, state, "reconciled")
+            self.index.set_state(e, state, "reconciled")
 
-        for e in list(self.entries.values()):
-            if e.record.host != h.name or e.record.instance_id in seen or e.deleting:
+        for e in self.index.on_host(h.name):
+            if e.record.instance_id in seen or e.deleting:
                 continue
-            if (h.name, e.record.domain) in self.inflight:
+            if self.index.busy(h.name, e.record.domain):
                 continue
             if e.state is not InstanceState.LOST:
                 report.lost.append(e.record.instance_id)
-                self.set_state(e, InstanceState.LOST, "domain no longer exists in libvirt")
+                self.index.set_state(e, InstanceState.LOST, "domain no longer exists in libvirt")
 
         report.orphans_removed.extend(await self._remove_orphans(h, domain_names))
-        await self._load_states(h)
+        await self.states.load(h)
         return report
 
-    async def _remove_orphans(self, h: HostConnection, domains: set[str]) -> list[str]:
-        _, storage = h.require()
-        lost_domains = {e.record.domain for e in self.entries.values() if e.record.host == h.name}
-        busy = {d for (host, d) in self.inflight if host == h.name}
-        busy_states = self.busy_states()
-
-        def sweep() -> list[str]:
-            removed = []
-            for n in storage.list_names("instances"):
-                owner = n.split(".", 1)[0]
-                if not owner.startswith(DOMAIN_PREFIX):
-                    continue
-                if owner in domains or owner in busy or owner in lost_domains:
-                    continue
-                if storage.delete(storage.path("instances", n)):
-                    removed.append(n)
-            # frozen disks of deleted or half-written states, once nothing is backed by them
-            removed.extend(storage.collect_frozen_disks(busy_states))
-            return removed
-
-        removed = await h.run(sweep)
+    async def _remove_orphans(self, h: HostDriver, domains: set[str]) -> list[str]:
+        indexed = {e.record.domain for e in self.index.on_host(h.name)}
+        busy = {d for (host, d) in self.index.inflight if host == h.name}
+        removed = await h.volumes.sweep_orphans(domains | busy | indexed, self.states.busy())
         for n in removed:
-            self.emit(FleetEventKind.ORPHAN_REMOVED, host=h.name, detail=n)
+            self.ctx.emit(FleetEventKind.ORPHAN_REMOVED, host=h.name, detail=n)
         return removed
-
-    async def _load_states(self, h: HostConnection) -> None:
-        _, storage = h.require()
-        names = await h.run(storage.list_names, "states")
-        for n in names:
-            if not n.endswith(".save"):
-                continue
-            state_id = n[: -len(".save")]
-            if state_id in self.saved_states:
-                continue
-            path = storage.path("states", n)
-            try:
-                header = await h.run(read_save_header, storage, path)
-            except (FleetError, ValueError, OSError) as err:
-                log.warning("host %s: unreadable saved state %s: %s", h.name, n, err)
-                continue
-            with contextlib.suppress(Exception):
-                st = state_from_xml(state_id, h.name, path, header.xml)
-                present: bool = bool(st.disk_path) and await h.run(storage.exists, st.disk_path)
-                if present:
-                    self.saved_states[state_id] = st

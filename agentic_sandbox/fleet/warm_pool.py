@@ -20,12 +20,14 @@ import contextlib
 import logging
 import secrets
 from dataclasses import dataclass, field
+from functools import partial
 
-import libvirt
-
-from .core import FleetBase
+from .clones import Clones
+from .context import FleetContext
 from .errors import Conflict, FleetError, InvalidRequest, NotFound
-from .lifecycle import save_record
+from .hosts import HostRegistry
+from .index import InstanceIndex
+from .lifecycle import Lifecycle, lookup
 from .models import (
     CloneSpec,
     EgressPolicy,
@@ -34,6 +36,8 @@ from .models import (
     InstanceState,
     validate_name,
 )
+from .states import SavedStates
+from .transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +63,19 @@ class PoolStatus:
     last_error: str
 
 
-class WarmPoolOps(FleetBase):
-    pools: dict[str, PoolSlot]
+@dataclass(eq=False)
+class WarmPool:
+    ctx: FleetContext
+    index: InstanceIndex
+    hosts: HostRegistry
+    states: SavedStates
+    clones: Clones
+    lifecycle: Lifecycle
+    slots: dict[str, PoolSlot] = field(default_factory=dict, init=False)
 
-    def _pools(self) -> dict[str, PoolSlot]:
-        if not hasattr(self, "pools"):
-            self.pools = {}
-        return self.pools
+    def users_of(self, state_id: str) -> list[str]:
+        """The pools that keep clones of ``state_id``."""
+        return [k for k, slot in self.slots.items() if slot.state_id == state_id and slot.size > 0]
 
     async def configure_pool(
         self,
@@ -78,17 +88,16 @@ class WarmPoolOps(FleetBase):
         wait: bool = False,
     ) -> PoolStatus:
         """Keep ``size`` paused clones of ``state_id`` ready under ``key``. Members already in
-        libvirt (after a restart) are taken back into the pool. ``size=0`` drains it."""
+        the fleet (after a restart) are taken back into the pool. ``size=0`` drains it."""
         validate_name(key)
         if size < 0:
             raise InvalidRequest("size must be >= 0")
-        if state_id not in self.saved_states:
+        if state_id not in self.states:
             raise NotFound(f"no saved state {state_id!r}")
-        pools = self._pools()
-        slot = pools.get(key)
+        slot = self.slots.get(key)
         if slot is None:
             slot = PoolSlot(key, state_id, size, egress, agent_port)
-            pools[key] = slot
+            self.slots[key] = slot
         else:
             slot.state_id, slot.size, slot.egress, slot.agent_port = (
                 state_id,
@@ -96,7 +105,7 @@ class WarmPoolOps(FleetBase):
                 egress,
                 agent_port,
             )
-        for e in self.entries.values():
+        for e in self.index.values():
             if (
                 e.record.pool == key
                 and e.record.instance_id not in slot.ready
@@ -104,7 +113,7 @@ class WarmPoolOps(FleetBase):
             ):
                 slot.ready.append(e.record.instance_id)
         while len(slot.ready) > size:
-            await self.delete(slot.ready.pop())  # type: ignore[attr-defined]
+            await self.lifecycle.delete(slot.ready.pop())
         self._kick(slot)
         if wait and slot.refill is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -115,62 +124,64 @@ class WarmPoolOps(FleetBase):
         return PoolStatus(slot.key, slot.state_id, slot.size, len(slot.ready), slot.last_error)
 
     async def pool_status(self) -> list[PoolStatus]:
-        return [self._status(s) for s in self._pools().values()]
+        return [self._status(s) for s in self.slots.values()]
 
     def _kick(self, slot: PoolSlot, delay: float = 0.0) -> None:
         if slot.refill is None or slot.refill.done():
-            slot.refill = self.spawn(self._refill(slot, delay))
+            slot.refill = self.ctx.spawn(self._refill(slot, delay))
 
     async def _refill(self, slot: PoolSlot, delay: float = 0.0) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
-        while len(slot.ready) < slot.size and not self._closed:
-            st = self.saved_states.get(slot.state_id)
+        config = self.ctx.config
+        while len(slot.ready) < slot.size and not self.ctx.closed:
+            st = self.states.get(slot.state_id)
             if st is None:
                 slot.last_error = f"saved state {slot.state_id} is gone"
                 return
-            h = self.host(st.host)
+            h = self.hosts.host(st.host)
             try:
-                free_mib = await h.run(h.free_memory_mib)
+                free_mib = await h.free_memory_mib()
             except FleetError as e:
                 slot.last_error = str(e)
                 return
-            if free_mib - st.memory_mib < self.config.pool_memory_headroom_mib:
+            if free_mib - st.memory_mib < config.pool_memory_headroom_mib:
                 slot.last_error = (
                     f"host {h.name}: {free_mib} MiB free, not refilling below "
-                    f"{self.config.pool_memory_headroom_mib} MiB headroom"
+                    f"{config.pool_memory_headroom_mib} MiB headroom"
                 )
                 return
             token = secrets.token_hex(5)
             member = f"pool-{token}"
-            warmup = self.config.pool_warmup_s
+            warmup = config.pool_warmup_s
             try:
-                await self.clone_from_state(  # type: ignore[attr-defined]
-                    slot.state_id,
-                    CloneSpec(
-                        instance_id=member,
-                        egress=slot.egress,
-                        agent_port=slot.agent_port,
-                        restart_on_crash=False,
-                    ),
-                    paused=warmup <= 0,
-                    pool=slot.key,
-                    domain=f"sbx-pool-{token}",
-                )
-                if warmup > 0:
-                    await asyncio.sleep(warmup)
-                    await self.suspend(member)  # type: ignore[attr-defined]
-            except BaseException as e:
-                with contextlib.suppress(FleetError):
-                    await asyncio.shield(self.delete(member))  # type: ignore[attr-defined]
-                if not isinstance(e, FleetError):
-                    raise
+                # The member is one more multi-step operation: restored, warmed up, paused;
+                # a step that fails deletes what there is of it (the clone cleans up after
+                # itself; a member that was restored but not paused is deleted here).
+                async with Transaction() as tx:
+                    tx.on_undo("member", partial(self.lifecycle.delete, member))
+                    await self.clones.clone_from_state(
+                        slot.state_id,
+                        CloneSpec(
+                            instance_id=member,
+                            egress=slot.egress,
+                            agent_port=slot.agent_port,
+                            restart_on_crash=False,
+                        ),
+                        paused=warmup <= 0,
+                        pool=slot.key,
+                        domain=f"sbx-pool-{token}",
+                    )
+                    if warmup > 0:
+                        await asyncio.sleep(warmup)
+                        await self.lifecycle.suspend(member)
+            except FleetError as e:
                 slot.last_error = str(e)
                 log.warning("warm pool %s: refill failed: %s", slot.key, e)
                 return
             slot.ready.append(member)
             slot.last_error = ""
-            self.emit(
+            self.ctx.emit(
                 FleetEventKind.POOL_REFILLED,
                 host=h.name,
                 instance_id=member,
@@ -180,77 +191,71 @@ class WarmPoolOps(FleetBase):
     async def take_from_pool(self, key: str, spec: CloneSpec) -> Instance | None:
         """Hand a pooled, paused instance to ``spec.instance_id`` and resume it; ``None`` when
         the pool is empty (the caller then uses ``clone_from_state``)."""
-        slot = self._pools().get(key)
+        slot = self.slots.get(key)
         if slot is None:
             raise NotFound(f"no warm pool {key!r}")
         if spec.egress != slot.egress or spec.agent_port != slot.agent_port:
             raise InvalidRequest(
                 f"pool {key} serves egress={slot.egress.value} agent_port={slot.agent_port}"
             )
-        if spec.instance_id in self.entries:
+        if spec.instance_id in self.index:
             raise Conflict(f"instance {spec.instance_id!r} already exists")
         while slot.ready:
             member = slot.ready.pop(0)
-            e = self.entries.get(member)
+            e = self.index.get(member)
             if e is None or e.deleting or e.state is not InstanceState.PAUSED:
                 continue
             async with e.lock:
-                h = self.host(e.record.host)
-                old_id = e.record.instance_id
-                record = e.record.model_copy(
+                h = self.hosts.host(e.record.host)
+                old = e.record
+                record = old.model_copy(
                     update={
                         "instance_id": spec.instance_id,
                         "owner": spec.owner,
                         "incarnation": spec.incarnation,
-                        "loadout": spec.loadout or e.record.loadout,
+                        "loadout": spec.loadout or old.loadout,
                         "pool": None,
                         "restart_on_crash": spec.restart_on_crash,
                     }
                 )
                 try:
-                    dom = await self.lookup_domain(e)
-
+                    dom = await lookup(h, e)
                     # re-key first so events from the resume find the new id
-                    self.entries[spec.instance_id] = e
-                    del self.entries[old_id]
-                    e.record = record
-                    # Resume first: the guest runs while libvirt writes its config, and a media
-                    # change (the new seed) needs a running guest to release the tray — on a
-                    # paused one QEMU waits for the eject until it times out.
-                    self.fault("booting")
-                    await h.run(dom.resume)
+                    self.index.rekey(e, record)
+                    # Resume first: the guest runs while the host writes its config, and a
+                    # media change (the new seed) needs a running guest to release the tray —
+                    # on a paused one QEMU waits for the eject until it times out.
+                    self.ctx.fault("booting")
+                    await dom.resume()
                     if spec.seed:
-                        await self._set_seed_locked(e, spec.seed)  # type: ignore[attr-defined]
-                    await h.run(save_record, dom, record)
-                except (FleetError, libvirt.libvirtError) as err:
-                    log.warning("warm pool %s: hand-off of %s failed: %s", key, old_id, err)
-                    self.entries.pop(spec.instance_id, None)
-                    e.record = e.record.model_copy(update={"instance_id": old_id})
-                    self.entries[old_id] = e
-                    self.spawn(self.delete(old_id))  # type: ignore[attr-defined]
+                        await self.lifecycle.set_seed_locked(h, e, spec.seed)
+                    await dom.set_record(record)
+                except FleetError as err:
+                    log.warning(
+                        "warm pool %s: hand-off of %s failed: %s", key, old.instance_id, err
+                    )
+                    self.index.pop(spec.instance_id)
+                    self.index.rekey(
+                        e, e.record.model_copy(update={"instance_id": old.instance_id})
+                    )
+                    self.ctx.spawn(self.lifecycle.delete(old.instance_id))
                     continue
-                self.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")
-            self.emit(
-                FleetEventKind.INSTANCE_CREATED,
-                host=e.record.host,
-                instance_id=spec.instance_id,
-                state=e.state,
-                detail=f"from warm pool {key}",
-            )
-            self._kick(slot, self.config.pool_refill_delay_s)
-            return self.view(e)
+                self.index.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")
+            self.index.announce_created(e, f"from warm pool {key}")
+            self._kick(slot, self.ctx.config.pool_refill_delay_s)
+            return self.index.view(e)
         self._kick(slot)
         return None
 
     async def drain_pools(self) -> None:
         """Delete every pooled instance and forget the pools."""
-        for key in list(self._pools()):
+        for key in list(self.slots):
             await self.remove_pool(key)
 
     async def remove_pool(self, key: str) -> None:
         """Delete the pool's members and forget it (instances taken from it are not members:
         they stay). Removing an unknown pool succeeds."""
-        slot = self._pools().get(key)
+        slot = self.slots.get(key)
         if slot is None:
             return
         slot.size = 0
@@ -259,10 +264,16 @@ class WarmPoolOps(FleetBase):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slot.refill
         members = set(slot.ready) | {
-            e.record.instance_id for e in self.entries.values() if e.record.pool == slot.key
+            e.record.instance_id for e in self.index.values() if e.record.pool == slot.key
         }
         for member in sorted(members):
             with contextlib.suppress(FleetError):
-                await self.delete(member)  # type: ignore[attr-defined]
+                await self.lifecycle.delete(member)
         slot.ready.clear()
-        self._pools().pop(key, None)
+        self.slots.pop(key, None)
+
+    def stop(self) -> None:
+        """Stop refilling (the fleet is closing)."""
+        for slot in self.slots.values():
+            if slot.refill is not None:
+                slot.refill.cancel()

@@ -54,7 +54,8 @@ from agentic_sandbox.fleet import (  # noqa: E402
     KernelBoot,
     Resources,
 )
-from agentic_sandbox.fleet.domain_xml import DomainConfig, KernelPaths, NetConfig, build_domain_xml  # noqa: E402
+from agentic_sandbox.fleet.domain_config import DomainConfig, KernelPaths, NetConfig  # noqa: E402
+from agentic_sandbox.fleet.libvirt.domain_xml import build_domain_xml  # noqa: E402
 
 TICK = re.compile(rb"SBX-(TICK \d+|BOOT-MARKER)")
 TARGETS = {
@@ -338,7 +339,7 @@ async def main(runs: int) -> None:
         # 6. warm-pool handoff to marker ----------------------------------------------
         await fleet.configure_pool("bench", state.state_id, 1, egress=EgressPolicy.NAT, wait=True)
         for i in range(runs):
-            slot = fleet.pools["bench"]
+            slot = fleet.pools.slots["bench"]
             while not slot.ready:
                 await asyncio.sleep(0.05)
             member = slot.ready[0]
@@ -388,10 +389,10 @@ async def main(runs: int) -> None:
         await fleet.drain_pools()
         await fleet.delete_state(state.state_id)
     finally:
-        for iid in list(fleet.entries):
+        for iid in list(fleet.index):
             with contextlib.suppress(Exception):
                 await fleet.delete(iid)
-        for st in list(fleet.saved_states):
+        for st in list(fleet.states.saved):
             with contextlib.suppress(Exception):
                 await fleet.delete_state(st)
         with contextlib.suppress(Exception):

@@ -70,10 +70,10 @@ async def real(guest: tiny_guest.TinyGuest) -> AsyncIterator[RealEnv]:
     finally:
         with contextlib.suppress(Exception):
             await fleet.drain_pools()
-        for inst in list(fleet.entries):
+        for inst in list(fleet.index):
             with contextlib.suppress(FleetError, Exception):
                 await fleet.delete(inst)
-        for st in list(fleet.saved_states):
+        for st in list(fleet.states.saved):
             with contextlib.suppress(FleetError, Exception):
                 await fleet.delete_state(st)
         for h in list(fleet.hosts):

@@ -60,15 +60,15 @@ async def test_second_host_placement_loss_and_return(real: RealEnv) -> None:
 
     # host 2 goes away: its instance is unknown, not deleted; host 1 is untouched
     await asyncio.to_thread(h2.stop)
-    await until(lambda: f.entries[on_h2.instance_id].state is InstanceState.UNKNOWN, what="unknown")
+    await until(lambda: f.index[on_h2.instance_id].state is InstanceState.UNKNOWN, what="unknown")
     assert "host.unreachable" in real.kinds()
-    assert f.entries[on_h1.instance_id].state is InstanceState.RUNNING
+    assert f.index[on_h1.instance_id].state is InstanceState.RUNNING
     assert not (await f.host_info("h2")).reachable
 
     # it comes back: reconnect + reconcile, the guest kept running the whole time
     await asyncio.to_thread(h2.start)
     await until(
-        lambda: f.entries[on_h2.instance_id].state is InstanceState.RUNNING, what="reconciled"
+        lambda: f.index[on_h2.instance_id].state is InstanceState.RUNNING, what="reconciled"
     )
     assert "host.reconnected" in real.kinds()
     assert real.kinds(on_h2.instance_id).count("instance.lost") == 0
@@ -93,7 +93,7 @@ async def test_main_libvirtd_restart_keeps_everything(real: RealEnv) -> None:
 
     await asyncio.to_thread(restart_main_libvirtd)
     await until(lambda: f.hosts["h1"].connect_count > connects, what="reconnect")
-    await until(lambda: f.entries["survivor"].state is InstanceState.RUNNING, what="running")
+    await until(lambda: f.index["survivor"].state is InstanceState.RUNNING, what="running")
     after = [(i.instance_id, i.record.domain) for i in await f.list_instances()]
     assert before == after  # nothing lost, nothing duplicated
     assert "instance.lost" not in real.kinds("survivor")
@@ -103,9 +103,9 @@ async def test_main_libvirtd_restart_keeps_everything(real: RealEnv) -> None:
     conn = libvirt.open(MAIN_URI)
     try:
         conn.lookupByName("sbx-survivor").suspend()
-        await until(lambda: f.entries["survivor"].state is InstanceState.PAUSED, 10, "paused")
+        await until(lambda: f.index["survivor"].state is InstanceState.PAUSED, 10, "paused")
         conn.lookupByName("sbx-survivor").resume()
-        await until(lambda: f.entries["survivor"].state is InstanceState.RUNNING, 10, "resumed")
+        await until(lambda: f.index["survivor"].state is InstanceState.RUNNING, 10, "resumed")
     finally:
         conn.close()
     await f.delete("survivor")

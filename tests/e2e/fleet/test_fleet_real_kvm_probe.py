@@ -21,7 +21,7 @@ from fleet_support.daemons import MAIN_URI, ensure_main_libvirtd
 from fleet_support.real_env import purge_domains
 
 from agentic_sandbox.fleet import Fleet, FleetConfig, HostSpec
-from agentic_sandbox.fleet import connection as fleet_connection
+from agentic_sandbox.fleet.libvirt import host as fleet_connection
 from agentic_sandbox.fleet.models import Accel
 
 

@@ -116,10 +116,10 @@ async def test_shutdown_times_out_then_forces_and_crash_restarts(real: RealEnv) 
     await wait_log(f, "real-crash", rb"SBX-BOOT-MARKER", offset=offset)
     assert "instance.crashed" in real.kinds("real-crash")
     for _ in range(100):
-        if f.entries["real-crash"].state is InstanceState.RUNNING:
+        if f.index["real-crash"].state is InstanceState.RUNNING:
             break
         await asyncio.sleep(0.05)
-    assert f.entries["real-crash"].state is InstanceState.RUNNING
+    assert f.index["real-crash"].state is InstanceState.RUNNING
 
 
 def test_kvm_probe_really_boots_and_reports_why() -> None:

@@ -23,12 +23,12 @@ def spec(**kw: object) -> InstanceSpec:
 
 
 def assert_clean(env: Env, iid: str = "f1") -> None:
-    assert iid not in env.fleet.entries
+    assert iid not in env.fleet.index
     assert [d for d in env.domains() if d != "sbx-gold"] == []
     assert env.instance_files() == []
     assert env.volumes() == []
     assert env.fleet.hosts["h1"].ports.in_use() == set()
-    assert env.fleet.inflight == set()
+    assert env.fleet.index.inflight == set()
 
 
 @pytest.mark.parametrize(
@@ -67,10 +67,10 @@ async def test_clone_fails_at_each_stage(env: Env, stage: str) -> None:
     with pytest.raises(FleetError) as ei:
         await env.fleet.clone_from_state("g1", CloneSpec(instance_id="f1"))
     assert ei.value.stage in (stage, "restoring")
-    assert "f1" not in env.fleet.entries
+    assert "f1" not in env.fleet.index
     assert env.domains() == ["sbx-gold"]
     assert [n for n in env.instance_files() if not n.startswith("sbx-gold")] == []
-    assert env.fleet.hosts["h1"].ports.in_use() == {env.fleet.entries["gold"].record.ssh_port}
+    assert env.fleet.hosts["h1"].ports.in_use() == {env.fleet.index["gold"].record.ssh_port}
     env.faults.fail_at = set()
     clone = await env.fleet.clone_from_state("g1", CloneSpec(instance_id="f1"))
     assert clone.state.value == "running"
@@ -81,7 +81,7 @@ async def test_delete_failure_keeps_the_record(env: Env) -> None:
     env.faults.fail_at = {"delete"}
     with pytest.raises(RuntimeError):
         await env.fleet.delete("f1")
-    assert "f1" in env.fleet.entries and not env.fleet.entries["f1"].deleting
+    assert "f1" in env.fleet.index and not env.fleet.index["f1"].deleting
     env.faults.fail_at = set()
     await env.fleet.delete("f1")
     assert_clean(env)

@@ -38,7 +38,7 @@ async def test_placement_spreads_and_follows_labels(env: Env) -> None:
     assert z.host == "h2"
     with pytest.raises(NoCapacity):
         await f.create(InstanceSpec(instance_id="zc", image="img", host_labels={"zone": "c"}))
-    assert "zc" not in f.entries
+    assert "zc" not in f.index
     info = {h.spec.name: h for h in await f.list_hosts()}
     assert info["h2"].instances == 3 and info["h2"].committed_memory_mib == 2 * 512 + 512
     with pytest.raises(Conflict):

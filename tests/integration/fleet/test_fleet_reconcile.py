@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from fleet_support.fleet_env import Env
 from fleet_support.testdriver import node_uri, wait_for
 
@@ -13,11 +14,13 @@ from agentic_sandbox.fleet import (
     FleetConfig,
     FleetEvent,
     HostSpec,
+    HostUnavailable,
     InstanceRecord,
     InstanceSpec,
     InstanceState,
 )
-from agentic_sandbox.fleet.domain_xml import DomainConfig, NetConfig, build_domain_xml
+from agentic_sandbox.fleet.domain_config import DomainConfig, NetConfig
+from agentic_sandbox.fleet.libvirt.domain_xml import build_domain_xml
 from agentic_sandbox.fleet.models import EgressPolicy
 
 
@@ -29,7 +32,7 @@ async def test_domain_removed_behind_the_fleets_back_is_lost(env: Env) -> None:
     dom = conn.lookupByName("sbx-a1")
     dom.destroy()
     dom.undefine()
-    await wait_for(lambda: f.entries["a1"].state is InstanceState.LOST, what="lost")
+    await wait_for(lambda: f.index["a1"].state is InstanceState.LOST, what="lost")
     assert "instance.lost" in env.kinds("a1")
     # an explicit reconcile agrees and does not report it twice
     (report,) = await f.reconcile("h1")
@@ -72,8 +75,8 @@ async def test_unknown_fleet_domain_is_adopted_foreign_ones_ignored(env: Env) ->
     conn = f.hosts["h1"].conn
     assert conn is not None
     conn.defineXML(ghost_xml(env, "ghost"))
-    await wait_for(lambda: "ghost" in f.entries, what="adoption from the define event")
-    assert f.entries["ghost"].state is InstanceState.SHUTOFF
+    await wait_for(lambda: "ghost" in f.index, what="adoption from the define event")
+    assert f.index["ghost"].state is InstanceState.SHUTOFF
     assert "instance.adopted" in env.kinds("ghost")
     assert 42999 in f.hosts["h1"].ports.in_use()
     conn.defineXML(
@@ -86,7 +89,7 @@ async def test_unknown_fleet_domain_is_adopted_foreign_ones_ignored(env: Env) ->
     )
     (report,) = await f.reconcile("h1")
     assert {"someone-else", "sbx-no-metadata"} <= set(report.foreign)
-    assert "someone-else" not in f.entries and "no-metadata" not in f.entries
+    assert "someone-else" not in f.index and "no-metadata" not in f.index
     await f.start("ghost")
     assert (await f.get("ghost")).state is InstanceState.RUNNING
     await f.delete("ghost")
@@ -101,9 +104,9 @@ async def test_another_data_directorys_domains_are_never_adopted(env: Env) -> No
     assert conn is not None
     conn.defineXML(ghost_xml(env, "theirs", data_dir=env.root / "another-server"))
     conn.defineXML(ghost_xml(env, "ours"))
-    await wait_for(lambda: "ours" in f.entries, what="adoption of our own domain")
+    await wait_for(lambda: "ours" in f.index, what="adoption of our own domain")
     (report,) = await f.reconcile("h1")
-    assert "sbx-theirs" in report.foreign and "theirs" not in f.entries
+    assert "sbx-theirs" in report.foreign and "theirs" not in f.index
     assert 42999 in f.hosts["h1"].ports.in_use()  # claimed by ours only
     await f.delete("ours")
     assert "sbx-theirs" in env.domains()
@@ -139,11 +142,29 @@ async def test_host_loss_marks_unknown_then_reconnect_reconciles(env: Env) -> No
     await f.create(InstanceSpec(instance_id="a1", image="img"))
     h = f.hosts["h1"]
     h.mark_unreachable("simulated link loss")
-    assert f.entries["a1"].state is InstanceState.UNKNOWN
+    assert f.index["a1"].state is InstanceState.UNKNOWN
     assert "host.unreachable" in env.kinds()
     # the test driver comes back empty: the instance's domain is gone, so it is lost
     await wait_for(lambda: h.conn is not None, what="reconnect")
-    await wait_for(lambda: f.entries["a1"].state is InstanceState.LOST, what="reconciled")
+    await wait_for(lambda: f.index["a1"].state is InstanceState.LOST, what="reconciled")
     assert "host.reconnected" in env.kinds()
     lost = [e for e in env.events if e.instance_id == "a1" and e.kind.value == "instance.lost"]
     assert len(lost) == 1
+
+
+async def test_a_delete_refused_while_the_host_is_away_leaves_the_instance_as_it_was(
+    env: Env,
+) -> None:
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="a1", image="img"))
+    h = f.hosts["h1"]
+    h.mark_unreachable("simulated link loss")
+    with pytest.raises(HostUnavailable):
+        await f.delete("a1")
+    assert not f.index["a1"].deleting
+    # when the host answers again the instance is reconciled like any other (here: lost, the
+    # test driver comes back empty), and a delete then goes through
+    await wait_for(lambda: h.conn is not None, what="reconnect")
+    await wait_for(lambda: f.index["a1"].state is InstanceState.LOST, what="reconciled")
+    await f.delete("a1")
+    assert "a1" not in f.index

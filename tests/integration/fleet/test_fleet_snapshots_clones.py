@@ -14,7 +14,7 @@ from agentic_sandbox.fleet import (
     InvalidRequest,
     NotFound,
 )
-from agentic_sandbox.fleet.domain_xml import parse_record
+from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 
 
 async def test_snapshot_create_list_revert_delete(env: Env) -> None:
@@ -169,7 +169,7 @@ async def test_clone_from_snapshot_needs_local_files(env: Env) -> None:
     await env.fleet.create_snapshot("a1", "s1")
     with pytest.raises(InvalidRequest):
         await env.fleet.clone_from_snapshot("a1", "s1", CloneSpec(instance_id="b1"))
-    assert "b1" not in env.fleet.entries
+    assert "b1" not in env.fleet.index
 
 
 async def test_warm_pool_take_and_refill(env: Env) -> None:
@@ -190,7 +190,7 @@ async def test_warm_pool_take_and_refill(env: Env) -> None:
     assert conn is not None
     rec = parse_record(conn.lookupByName(got.record.domain).XMLDesc(0))
     assert rec is not None and rec.instance_id == "fast-1" and rec.pool is None
-    await wait_for(lambda: len(f.pools["img-default"].ready) == 2, what="refill")
+    await wait_for(lambda: len(f.pools.slots["img-default"].ready) == 2, what="refill")
     with pytest.raises(Conflict):
         await f.take_from_pool("img-default", CloneSpec(instance_id="fast-1"))
 

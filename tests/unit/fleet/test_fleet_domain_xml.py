@@ -6,13 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from agentic_sandbox.fleet.domain_xml import (
+from agentic_sandbox.fleet.domain_config import CloneIdentity, DomainConfig, KernelPaths, NetConfig
+from agentic_sandbox.fleet.libvirt.domain_xml import (
     METADATA_NS,
     QEMU_NS,
-    CloneIdentity,
-    DomainConfig,
-    KernelPaths,
-    NetConfig,
     build_domain_xml,
     domain_facts,
     netdev_value,
@@ -239,3 +236,17 @@ def test_every_guest_reaches_the_control_plane_through_one_forward_to_the_gatewa
     assert "guestfwd=tcp:10.0.2.2:8124-tcp:192.0.2.10:8124" in remote
     ipv6 = netdev_value(NetConfig(EgressPolicy.NAT, 8124, None, "fd00::1"))
     assert "guestfwd=tcp:10.0.2.2:8124-tcp:[fd00::1]:8124" in ipv6
+
+
+def test_dry_run_preview_records_what_create_records() -> None:
+    """The preview's metadata carries every field create writes from the spec: a dry run of a
+    spec without crash restarts or with an anti-affinity group must show them."""
+    from agentic_sandbox.fleet import FleetConfig, InstanceSpec, preview_domain_xml
+
+    spec = InstanceSpec(
+        instance_id="dev-1", image="img", anti_affinity="web", restart_on_crash=False
+    )
+    rec = parse_record(preview_domain_xml(spec, FleetConfig(data_dir="/d")))
+    assert rec is not None
+    assert rec.anti_affinity == "web"
+    assert rec.restart_on_crash is False

@@ -8,12 +8,8 @@ import libvirt
 import pytest
 
 from agentic_sandbox.fleet import InstanceState, NoCapacity
-from agentic_sandbox.fleet.events import (
-    CrashLoopDetector,
-    EventSink,
-    state_from_domain,
-    state_from_event,
-)
+from agentic_sandbox.fleet.events import CrashLoopDetector, EventSink
+from agentic_sandbox.fleet.libvirt.events import state_from_domain, state_from_event
 from agentic_sandbox.fleet.models import CrashRecord, FleetEvent, FleetEventKind
 from agentic_sandbox.fleet.ports import PortAllocator
 

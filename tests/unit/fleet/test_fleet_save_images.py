@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from agentic_sandbox.fleet.save_images import (
+from agentic_sandbox.fleet.libvirt.save_images import (
     QEMU_HEAD_LEN,
     SaveImageError,
     parse,

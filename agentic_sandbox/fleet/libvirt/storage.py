@@ -39,12 +39,14 @@ import shutil
 import struct
 import subprocess
 import xml.etree.ElementTree as ET
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import libvirt
 
-from .errors import FleetError, NotFound
-from .qemu_access import guard_dir
+from ..errors import FleetError, NotFound
+from ..models import DOMAIN_PREFIX, InstanceRecord
+from ..qemu_access import guard_dir
+from . import save_images
 
 POOL_KINDS = ("bases", "instances", "states")
 POOL_PREFIX = "sbx-"
@@ -157,6 +159,10 @@ class HostStorage:
 
     def path(self, kind: str, name: str) -> str:
         return os.path.join(self.dirs[kind], name)
+
+    def holds(self, kind: str, path: str) -> bool:
+        folder = self.dirs.get(kind, "").rstrip("/") + "/"
+        return bool(path) and path.startswith(folder)
 
     # ------------------------------------------------------------------ volumes
 
@@ -272,7 +278,9 @@ class HostStorage:
             self._pools[kind].storageVolLookupByName(name).delete(0)
         self._pools[kind].createXML(ET.tostring(el, encoding="unicode"), 0)
 
-    def _upload(self, vol: libvirt.virStorageVol, offset: int, length: int, read) -> None:  # type: ignore[no-untyped-def]
+    def _upload(
+        self, vol: libvirt.virStorageVol, offset: int, length: int, read: Callable[[int], bytes]
+    ) -> None:
         st = self.conn.newStream(0)
         vol.upload(st, offset, length, 0)
         try:
@@ -446,3 +454,72 @@ class HostStorage:
             if not gone:
                 return removed
             removed.extend(gone)
+
+    def remove_instance_files(self, record: InstanceRecord) -> list[str]:
+        """The instance's overlay, seeds and serial logs (and virtlogd's rotated copies);
+        returns what was removed."""
+        removed: list[str] = []
+        paths: list[str] = [record.overlay, record.seed or "", record.serial_log]
+        prefix = record.domain + "."
+        paths += [
+            self.path("instances", n) for n in self.list_names("instances") if n.startswith(prefix)
+        ]
+        for p in dict.fromkeys(paths):
+            if p and self.delete(p):
+                removed.append(p)
+        return removed
+
+    def sweep_orphans(self, keep: Collection[str], busy_states: Collection[str]) -> list[str]:
+        """Remove the files in ``instances/`` of fleet domains not named in ``keep``, and
+        frozen disks of deleted or half-written states once nothing is backed by them."""
+        removed = []
+        for n in self.list_names("instances"):
+            owner = n.split(".", 1)[0]
+            if not owner.startswith(DOMAIN_PREFIX) or owner in keep:
+                continue
+            if self.delete(self.path("instances", n)):
+                removed.append(n)
+        removed.extend(self.collect_frozen_disks(busy_states))
+        return removed
+
+    # ------------------------------------------------------------------ save images
+
+    def read_saved(self, path: str) -> save_images.SaveHeader:
+        first = self.read_range(path, 0, save_images.QEMU_HEAD_LEN)
+        total = save_images.prefix_length(first)
+        return save_images.parse(self.read_range(path, 0, total))
+
+    def write_saved(self, path: str, header: save_images.SaveHeader, xml: str) -> None:
+        data = save_images.rebuild(header, xml)
+        if header.kind == "test":
+            self.write_whole(path, data)
+        else:
+            self.write_at(path, 0, data)
+
+    def clone_snapshot_disk(self, src: str, snapshot: str, base: str, dest: str) -> None:
+        """``dest`` = overlay on ``base`` holding ``src``'s disk at ``snapshot`` (local files:
+        ``qemu-img convert -U -l snapshot.name=…``)."""
+        argv = [
+            "qemu-img",
+            "convert",
+            "-U",
+            "-q",
+            "-f",
+            "qcow2",
+            "-O",
+            "qcow2",
+            "-l",
+            f"snapshot.name={snapshot}",
+            "-F",
+            "qcow2",
+            "-B",
+            base,
+            src,
+            dest,
+        ]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            if os.path.exists(dest):
+                os.unlink(dest)
+            raise FleetError(f"qemu-img convert failed: {proc.stderr.strip()}", stage="disk")
+        os.chmod(dest, 0o600)

@@ -1,9 +1,12 @@
-"""One hypervisor host: its libvirt connection, reconnection, storage, ports and accelerator.
+"""`LibvirtHost`: one hypervisor host behind libvirt — the fleet's `HostDriver` for every URI
+(``qemu:///system``, remote ``qemu+tcp/tls/ssh://``, the ``test:///`` driver).
 
-Blocking libvirt calls go through `HostConnection.run`, which runs them in the fleet's bounded
-thread pool and turns ``libvirtError`` into fleet errors. A close callback (libvirtd restarted or
-the link dropped) makes the host unreachable and starts a reconnect loop with exponential backoff;
-once reconnected, the fleet reconciles.
+It keeps the connection (and re-makes it), the storage pools, the SSH forward ports and the
+accelerator choice, and offers the driver protocol's domain operations (`LibvirtDomain`) and
+files (`LibvirtVolumes`). Blocking libvirt calls go through `LibvirtHost.run`, which runs them
+in the fleet's bounded thread pool and turns ``libvirtError`` into fleet errors. A close
+callback (libvirtd restarted or the link dropped) makes the host unreachable and starts a
+reconnect loop with exponential backoff; once reconnected, the listener reconciles.
 """
 
 from __future__ import annotations
@@ -15,19 +18,26 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import libvirt
 
-from .disks import HostStorage
-from .errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure, NotFound
-from .kvm_probe import AccelReport, ProbeMemory, probe_key, probe_kvm
-from .models import Accel, FleetConfig, HostSpec
-from .ports import PortAllocator
-from .qemu_access import qemu_gid
+from ..context import CallObserver
+from ..domain_config import CloneIdentity, DomainConfig
+from ..driver import DefinitionFacts, DomainScan, HostListener
+from ..errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure, NotFound
+from ..kvm_probe import AccelReport, ProbeMemory, probe_key, probe_kvm
+from ..models import Accel, FleetConfig, HostSpec
+from ..ports import PortAllocator
+from ..qemu_access import qemu_gid
+from .domain import LibvirtDomain, remove_domain
+from .domain_xml import build_domain_xml, domain_facts, parse_record, rewrite_for_clone
+from .events import domain_event, domain_status
+from .storage import HostStorage
+from .volumes import LibvirtVolumes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,8 +55,6 @@ _NOT_FOUND = {
 }
 _probe_cache: dict[str, AccelReport] = {}  # this process's probes, by their key (JSON)
 PROBE_MEMORY_FILE = "kvm-probe.json"  # in the host's data directory
-
-LifecycleCallback = Callable[["HostConnection", str, str, int, int], None]
 
 
 def translate(err: libvirt.libvirtError, host: str) -> FleetError:
@@ -70,20 +78,16 @@ def translate(err: libvirt.libvirtError, host: str) -> FleetError:
     return LibvirtFailure(msg)
 
 
-CallObserver = Callable[[str, float, bool], None]
-"""Called after each blocking call with (operation name, seconds, succeeded)."""
+class LibvirtHost:
+    """A `HostDriver` over one libvirt connection."""
 
-
-class HostConnection:
     def __init__(
         self,
         spec: HostSpec,
         config: FleetConfig,
         executor: Executor,
         *,
-        on_lifecycle: LifecycleCallback,
-        on_disconnect: Callable[[HostConnection, str], None],
-        on_reconnect: Callable[[HostConnection], Awaitable[None]],
+        listener: HostListener,
         on_call: CallObserver | None = None,
     ) -> None:
         self.on_call = on_call
@@ -101,9 +105,7 @@ class HostConnection:
         self.memory_mib = 0
         lo, hi = spec.ssh_port_range
         self.ports = PortAllocator(lo, hi, probe_local=self.files_local)
-        self._on_lifecycle = on_lifecycle
-        self._on_disconnect = on_disconnect
-        self._on_reconnect = on_reconnect
+        self._listener = listener
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -125,6 +127,14 @@ class HostConnection:
     def data_dir(self) -> str:
         return self.spec.data_dir or self.config.data_dir
 
+    @property
+    def virtual(self) -> bool:
+        return self.domain_type == "test"
+
+    @property
+    def volumes(self) -> LibvirtVolumes:
+        return LibvirtVolumes(self)
+
     # ------------------------------------------------------------------ calls
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -144,18 +154,98 @@ class HostConnection:
             if self.on_call is not None:
                 self.on_call(getattr(fn, "__name__", "call"), time.perf_counter() - started, ok)
 
-    def free_memory_mib(self) -> int:
-        """Blocking: free host memory (the test driver reports none: all of it is free)."""
-        conn, _ = self.require()
-        free = int(conn.getFreeMemory()) // (1 << 20)
-        if free == 0 and self.domain_type == "test":
-            free = self.memory_mib
-        return free
-
     def require(self) -> tuple[libvirt.virConnect, HostStorage]:
         if self.conn is None or self.storage is None:
             raise HostUnavailable(f"host {self.name} is unreachable: {self.reason}")
         return self.conn, self.storage
+
+    # ------------------------------------------------------------------ capacity
+
+    async def free_memory_mib(self) -> int:
+        """Free host memory (the test driver reports none: all of it is free)."""
+        conn, _ = self.require()
+
+        def free_memory_mib() -> int:
+            free = int(conn.getFreeMemory()) // (1 << 20)
+            if free == 0 and self.domain_type == "test":
+                free = self.memory_mib
+            return free
+
+        return await self.run(free_memory_mib)
+
+    # ------------------------------------------------------------------ domains
+
+    async def list_domains(self) -> list[DomainScan]:
+        conn, _ = self.require()
+
+        def scan_domains() -> list[DomainScan]:
+            out = []
+            for dom in conn.listAllDomains(0):
+                try:
+                    st, reason = dom.state()
+                    out.append(
+                        DomainScan(
+                            dom.name(), dom.UUIDString(), domain_status(st, reason), dom.XMLDesc(0)
+                        )
+                    )
+                except libvirt.libvirtError as e:  # vanished while listing
+                    if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+            return out
+
+        return await self.run(scan_domains)
+
+    async def domain_exists(self, name: str) -> bool:
+        conn, _ = self.require()
+
+        def _domain_exists() -> bool:
+            return _find(conn, name) is not None
+
+        return await self.run(_domain_exists)
+
+    async def lookup(self, name: str, uuid: str = "") -> LibvirtDomain:
+        conn, _ = self.require()
+
+        def find() -> libvirt.virDomain:
+            dom = _find(conn, name, uuid)
+            if dom is None:
+                return conn.lookupByName(name)  # raises libvirt's own "no domain"
+            return dom
+
+        return LibvirtDomain(self, await self.run(find))
+
+    async def remove_domain(self, name: str, uuid: str = "") -> bool:
+        conn, _ = self.require()
+
+        def go() -> bool:
+            dom = _find(conn, name, uuid)
+            if dom is None:
+                return False
+            remove_domain(dom)
+            return True
+
+        return await self.run(go)
+
+    def render(self, cfg: DomainConfig) -> str:
+        return build_domain_xml(cfg)
+
+    def reidentify(self, definition: str, ident: CloneIdentity) -> str:
+        return rewrite_for_clone(definition, ident)
+
+    def describe(self, definition: str) -> DefinitionFacts:
+        facts = domain_facts(definition)
+        return DefinitionFacts(
+            name=facts.name,
+            uuid=facts.uuid,
+            overlay=facts.overlay,
+            vcpus=facts.vcpus,
+            memory_mib=facts.memory_mib,
+            record=parse_record(definition),
+        )
+
+    async def define(self, definition: str) -> LibvirtDomain:
+        conn, _ = self.require()
+        return LibvirtDomain(self, await self.run(conn.defineXML, definition))
 
     # ------------------------------------------------------------------ connect
 
@@ -309,7 +399,10 @@ class HostConnection:
         detail: int,
         _opaque: object,
     ) -> None:
-        self._threadsafe(self._on_lifecycle, self, dom.name(), dom.UUIDString(), event, detail)
+        self._threadsafe(self._dispatch, dom.name(), dom.UUIDString(), event, detail)
+
+    def _dispatch(self, name: str, uuid: str, event: int, detail: int) -> None:
+        self._listener.on_domain_event(self, domain_event(name, uuid, event, detail))
 
     def _close_cb(self, conn: libvirt.virConnect, reason: int, _opaque: object) -> None:
         self._threadsafe(self._handle_close, conn, reason)
@@ -333,7 +426,7 @@ class HostConnection:
         self.reason = why
         if old is not None and self._loop is not None:
             self._loop.run_in_executor(self.executor, self._teardown, old)
-        self._on_disconnect(self, why)
+        self._listener.on_disconnect(self, why)
         if not self._closing and (self._reconnect_task is None or self._reconnect_task.done()):
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_loop())
 
@@ -348,7 +441,7 @@ class HostConnection:
                 delay = min(delay * 2, self.config.reconnect_max_s)
                 continue
             try:
-                await self._on_reconnect(self)
+                await self._listener.on_reconnect(self)
             except Exception:
                 log.exception("host %s: reconciliation after reconnect failed", self.name)
             return
@@ -372,3 +465,16 @@ class HostConnection:
         self.reason = "closed"
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._teardown, conn)
+
+
+def _find(conn: libvirt.virConnect, name: str, uuid: str = "") -> libvirt.virDomain | None:
+    """Blocking: the domain by UUID (when given and known), else by name; None if neither."""
+    for how, key in (("uuid", uuid), ("name", name)):
+        if not key:
+            continue
+        try:
+            return conn.lookupByUUIDString(key) if how == "uuid" else conn.lookupByName(key)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+    return None

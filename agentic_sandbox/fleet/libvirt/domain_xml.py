@@ -1,4 +1,4 @@
-"""The one place where libvirt domain XML is written and read.
+"""The one place where libvirt domain XML is written and read (the libvirt driver's format).
 
 Everything is built with ``xml.etree.ElementTree`` (escaping is the library's job) from typed
 values that were validated before they got here. The fleet's own facts about an instance live in
@@ -11,18 +11,24 @@ import json
 import posixpath
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .models import (
+from ..domain_config import (
+    CloneIdentity,
+    DomainConfig,
+    KernelPaths,
+    NetConfig,
+    domain_config,
+    instance_record,
+)
+from ..models import (
     AGENT_LINK_ADDRESS,
-    DOMAIN_PREFIX,
     EgressPolicy,
     FirmwareBoot,
     FleetConfig,
     InstanceRecord,
     InstanceSpec,
-    IoTune,
     KernelBoot,
 )
 
@@ -37,45 +43,6 @@ DISK_TARGET = "vda"
 
 ET.register_namespace("qemu", QEMU_NS)
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
-
-
-@dataclass(frozen=True)
-class KernelPaths:
-    kernel: str
-    initrd: str | None
-    cmdline: str
-
-
-@dataclass(frozen=True)
-class NetConfig:
-    egress: EgressPolicy
-    agent_port: int  # the guest link gateway's port (guest side 10.0.2.2:<it>, host side too)
-    ssh_port: int | None
-    control_host: str = "127.0.0.1"  # where the gateway listens, as this host reaches it
-
-
-@dataclass(frozen=True)
-class DomainConfig:
-    """A fully resolved domain: every path is a path on the target host."""
-
-    name: str
-    uuid: str
-    domain_type: str  # qemu (TCG), kvm, or test (libvirt's test driver)
-    vcpus: int
-    memory_mib: int
-    overlay: str
-    serial_log: str
-    net: NetConfig
-    record: InstanceRecord
-    boot: KernelPaths | FirmwareBoot = field(default_factory=FirmwareBoot)
-    seed: str | None = None
-    machine: str = "pc"
-    nic_pci_slot: int = 0x1F
-    cpu_shares: int | None = None
-    cpu_quota_pct: int | None = None
-    iotune: IoTune = field(default_factory=IoTune)
-    tb_cache_mib: int | None = None
-    title: str = ""
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -> ET.Element:
@@ -332,17 +299,6 @@ def domain_facts(xml: str) -> DomainFacts:
     )
 
 
-@dataclass(frozen=True)
-class CloneIdentity:
-    name: str
-    uuid: str
-    overlay: str
-    serial_log: str
-    seed: str | None
-    net: NetConfig
-    record: InstanceRecord
-
-
 def rewrite_for_clone(xml: str, ident: CloneIdentity) -> str:
     """Give a saved domain XML a new name, UUID, disk, seed, serial log, forwards and record.
 
@@ -398,13 +354,23 @@ def rewrite_for_clone(xml: str, ident: CloneIdentity) -> str:
 
 
 def preview_domain_xml(
-    spec: InstanceSpec, config: FleetConfig, *, domain_type: str = "qemu", ssh_port: int = 42200
+    spec: InstanceSpec,
+    config: FleetConfig,
+    *,
+    domain_type: str = "qemu",
+    ssh_port: int = 42200,
+    uuid: str | None = None,
 ) -> str:
     """The domain XML `create(spec)` would define, with the paths the local host would use —
-    for dry runs; nothing is touched."""
-    name = f"{DOMAIN_PREFIX}{spec.instance_id}"
+    for dry runs; nothing is touched. Built by the same `instance_record`/`domain_config` as
+    create's."""
+    record = instance_record(spec, host=spec.host or "local")
     inst_dir = posixpath.join(config.data_dir, "instances")
     bases = posixpath.join(config.data_dir, "bases")
+    record.overlay = posixpath.join(inst_dir, f"{record.domain}.qcow2")
+    record.seed = posixpath.join(inst_dir, f"{record.domain}.seed.iso") if spec.seed else None
+    record.serial_log = posixpath.join(inst_dir, f"{record.domain}.serial.log")
+    record.ssh_port = ssh_port
     boot: KernelPaths | FirmwareBoot
     if isinstance(spec.boot, KernelBoot):
         boot = KernelPaths(
@@ -414,43 +380,12 @@ def preview_domain_xml(
         )
     else:
         boot = spec.boot
-    record = InstanceRecord(
-        instance_id=spec.instance_id,
-        domain=name,
-        host=spec.host or "local",
-        owner=spec.owner,
-        incarnation=spec.incarnation,
-        image=spec.image,
-        loadout=spec.loadout,
-        overlay=posixpath.join(inst_dir, f"{name}.qcow2"),
-        seed=posixpath.join(inst_dir, f"{name}.seed.iso") if spec.seed else None,
-        serial_log=posixpath.join(inst_dir, f"{name}.serial.log"),
-        ssh_port=ssh_port,
-        agent_port=spec.agent_port,
-        egress=spec.egress,
-        vcpus=spec.resources.vcpus,
-        memory_mib=spec.resources.memory_mib,
+    cfg = domain_config(
+        spec,
+        record,
+        config=config,
+        uuid=uuid or str(uuidlib.uuid4()),
+        domain_type=domain_type,
+        boot=boot,
     )
-    res = spec.resources
-    return build_domain_xml(
-        DomainConfig(
-            name=name,
-            uuid=str(uuidlib.uuid4()),
-            domain_type=domain_type,
-            vcpus=res.vcpus,
-            memory_mib=res.memory_mib,
-            overlay=record.overlay,
-            serial_log=record.serial_log,
-            seed=record.seed,
-            record=record,
-            boot=boot,
-            net=NetConfig(spec.egress, spec.agent_port, ssh_port, config.control_address),
-            machine=config.machine,
-            nic_pci_slot=config.nic_pci_slot,
-            cpu_shares=res.cpu_shares,
-            cpu_quota_pct=res.cpu_quota_pct,
-            iotune=res.iotune,
-            tb_cache_mib=res.tb_cache_mib,
-            title=f"agentic-sandbox instance {spec.instance_id}",
-        )
-    )
+    return build_domain_xml(cfg)

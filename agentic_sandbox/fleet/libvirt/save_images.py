@@ -41,6 +41,11 @@ class SaveHeader:
     cookie: bytes = b""
     data_len: int = 0
 
+    @property
+    def definition(self) -> str:
+        """The domain XML in the header (the driver protocol's `SavedImage`)."""
+        return self.xml
+
 
 def prefix_length(first: bytes) -> int:
     """How many leading bytes hold the header, given at least the first 92 (or 19) bytes."""
