@@ -109,11 +109,20 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._outbox_limit = outbox_limit
         self._m_in = {
             kind: metrics.grpc_messages.labels("in", kind)
-            for kind in ("register", "heartbeat", "opened", "output", "exit", "unknown")
+            for kind in ("register", "heartbeat", "opened", "output", "exit", "stream", "unknown")
         }
         self._m_out = {
             kind: metrics.grpc_messages.labels("out", kind)
-            for kind in ("register_ack", "open", "input", "resize", "signal", "close", "ack")
+            for kind in (
+                "register_ack",
+                "open",
+                "input",
+                "resize",
+                "signal",
+                "close",
+                "ack",
+                "stream",
+            )
         }
 
     # ---- refusals ------------------------------------------------------------------------------
@@ -335,6 +344,10 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 boot_id=reg.boot_id[:64],
                 agent_run_id=reg.agent_run_id[:64],
                 ring_bytes=reg.ring_bytes,
+                stream_kinds=tuple(k[:32] for k in reg.stream_kinds[:16]),
+                budget_enforcement=reg.budgets.enforcement[:32],
+                budgets=tuple(b[:32] for b in reg.budgets.budgets[:16]),
+                budget_problem=reg.budgets.problem[:512],
             ),
         )
         conn.task = asyncio.current_task()
@@ -407,6 +420,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             if kind == "output":
                 m_in["output"].inc()
                 handler.on_output(conn, msg.output)
+            elif kind == "stream":
+                m_in["stream"].inc()
+                conn.streams.receive(msg.stream)
             elif kind == "heartbeat":
                 m_in["heartbeat"].inc()
                 conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
