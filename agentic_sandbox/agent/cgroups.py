@@ -8,7 +8,7 @@ it can run or fork anything of its own. Limits are the kernel's, not a poll loop
 
 | budget | cgroup v2 (guests: Debian 12, systemd) | cgroup v1 (hybrid hosts) |
 |---|---|---|
-| memory | `memory.max`, `memory.swap.max`=0, `memory.oom.group`=1 | `memory.limit_in_bytes` (+memsw) |
+| memory | `memory.max`, `swap.max`=0, `oom.group`=1 | `memory.limit_in_bytes` (+memsw) |
 | pids | `pids.max` | `pids.max` |
 | cpu | `cpu.max` (quota per 100 ms period) | `cpu.cfs_quota_us` / `cpu.cfs_period_us` |
 | usage | `cpu.stat` usage_usec, `memory.peak` | `cpuacct.usage`, `memory.max_usage_in_bytes` |
