@@ -2,7 +2,13 @@
 running VM whose agent has enrolled. May use `fleet` and `images`; never `broker`."""
 
 from agentic_sandbox.provision.bundle import AgentBundle, BundleError, build_bundle, check_bundle
-from agentic_sandbox.provision.loadouts import Loadout, LoadoutCatalog, LoadoutError, load_catalog
+from agentic_sandbox.provision.loadouts import (
+    Budgets,
+    Loadout,
+    LoadoutCatalog,
+    LoadoutError,
+    load_catalog,
+)
 from agentic_sandbox.provision.pipeline import (
     STAGES,
     Enroller,
@@ -21,6 +27,7 @@ __all__ = [
     "BundleError",
     "Enroller",
     "EnrollmentGrant",
+    "Budgets",
     "Loadout",
     "LoadoutCatalog",
     "LoadoutError",

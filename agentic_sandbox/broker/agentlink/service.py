@@ -96,6 +96,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         refusals: RefusalGate,
         heartbeat_ms: int,
         outbox_limit: int = 10_000,
+        stream_limit: int = 128,
     ) -> None:
         self._db = db
         self._refusals = refusals
@@ -107,6 +108,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._metrics = metrics
         self._heartbeat_ms = heartbeat_ms
         self._outbox_limit = outbox_limit
+        self._stream_limit = stream_limit
         self._m_in = {
             kind: metrics.grpc_messages.labels("in", kind)
             for kind in ("register", "heartbeat", "opened", "output", "exit", "stream", "unknown")
@@ -338,6 +340,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             cert_not_after=ident.not_after,
             peer=peer,
             outbox_limit=self._outbox_limit,
+            stream_limit=self._stream_limit,
             info=AgentInfo(
                 agent_version=reg.agent_version[:64],
                 hostname=reg.hostname[:255],
