@@ -24,10 +24,10 @@ from agentic_sandbox.provision.seed import SeedFiles, read_seed_iso, write_seed_
 __all__ = [
     "STAGES",
     "AgentBundle",
+    "Budgets",
     "BundleError",
     "Enroller",
     "EnrollmentGrant",
-    "Budgets",
     "Loadout",
     "LoadoutCatalog",
     "LoadoutError",

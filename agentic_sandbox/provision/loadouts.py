@@ -230,7 +230,8 @@ def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
         elif key in ("resources", "environment", "task_runner") and isinstance(value, dict):
             out[key] = {**out.get(key, {}), **value}
         elif key == "budgets" and isinstance(value, dict):
-            parent_budgets = out.get(key) if isinstance(out.get(key), dict) else {}
+            found = out.get(key)
+            parent_budgets: dict[str, Any] = found if isinstance(found, dict) else {}
             merged_budgets = dict(parent_budgets)
             for part, values in value.items():
                 before = parent_budgets.get(part)

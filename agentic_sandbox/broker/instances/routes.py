@@ -282,6 +282,8 @@ async def start_provision(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
                 memory_mib=body.resources.memory_mib or loadout.resources.memory_mib,
                 disk_gib=body.resources.disk_gib or loadout.resources.disk_gib,
                 network_policy=body.network or loadout.network,
+                # exec budgets are the loadout's as it was at create (inline ones included)
+                spec={"budgets": loadout.budgets.model_dump(mode="json")},
             )
         )
     svc.audit.transition(who.actor, "instance", body.id, None, "provisioning", cause=source)
