@@ -93,6 +93,7 @@ class Stream:
         self.handler: StreamHandler | None = None
         self.detached = False  # the link is gone or our close was sent: nothing more goes out
         self.remote_closed = False
+        self.accepted = stream_id % 2 == 1  # the server's streams are accepted by opening them
 
     # ---- sending -----------------------------------------------------------------------------
     def room(self, channel: int) -> int:
@@ -343,10 +344,14 @@ class StreamTable:
                 self.protocol_errors += 1
                 return
             stream._peer_window = min(max(frame.accept.window, 0), MAX_WINDOW)
+            stream.accepted = True
             if stream.handler is not None:
                 stream.handler.on_credit(0)  # the accept's window: the opener may send now
         elif body == "close":
             error = frame.close.error if frame.close.HasField("error") else None
+            if not stream.accepted:  # our open was refused: there is nothing to close
+                stream.detached = True
+                self._streams.pop(sid, None)
             self._cancel(stream, error)
 
     def _cancel(self, stream: Stream, error: pb.StreamError | None) -> None:
