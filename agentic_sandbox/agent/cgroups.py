@@ -411,7 +411,15 @@ class Cgroups:
         run = RunCgroup(self.version, dirs, budget)
         try:
             for d in dirs.values():
-                d.mkdir()
+                for _ in range(3):  # another agent may remove an empty v1 base as it exits
+                    d.parent.mkdir(exist_ok=True)
+                    try:
+                        d.mkdir()
+                        break
+                    except FileNotFoundError:
+                        continue
+                else:
+                    d.mkdir()
                 made.append(d)
             run.apply()
         except OSError as exc:
@@ -423,14 +431,29 @@ class Cgroups:
         return run
 
     def sweep(self) -> None:
-        """Remove empty run cgroups left by agents that are gone (a kill -9)."""
-        for base in dict.fromkeys(self.bases.values()):
+        """End what runs of agents that are gone (a kill -9) left behind, and remove their
+        cgroups."""
+        leftovers: dict[str, dict[str, Path]] = {}
+        for key, base in self.bases.items():
             with contextlib.suppress(OSError):
                 for entry in base.iterdir():
                     pid_text = entry.name.partition("-")[0]
                     if entry.is_dir() and pid_text.isdigit() and not _pid_alive(int(pid_text)):
-                        with contextlib.suppress(OSError):
-                            entry.rmdir()
+                        leftovers.setdefault(entry.name, {})[key] = entry
+        for dirs in leftovers.values():
+            run = RunCgroup(self.version, dirs, pb.Budget())
+            if run.members():
+                log.warning("ending processes a previous agent's run left: %s", list(dirs.values()))
+                run.kill()
+            run.remove()
+
+    def release(self) -> None:
+        """At exit: remove the shared v1 base cgroups if no other agent uses them."""
+        if self.version != 1:
+            return
+        for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                base.rmdir()
 
 
 def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:

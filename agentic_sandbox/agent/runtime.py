@@ -479,3 +479,4 @@ class AgentRuntime:
             self.streams.link_lost()
             for sess in self.sessions.values():
                 sess.shutdown()
+            self.cgroups.release()
