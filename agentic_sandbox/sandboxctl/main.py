@@ -17,6 +17,8 @@ from typing import Any
 
 from agentic_sandbox.sandboxctl.client import EXIT_OK, EXIT_USAGE, Api, CliError, Target
 from agentic_sandbox.sandboxctl.contexts import Contexts, config_path, resolve_target
+from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
+from agentic_sandbox.sandboxctl.exec import instance_exec
 from agentic_sandbox.sandboxctl.output import emit, err
 
 Handler = Callable[[Api, argparse.Namespace], Awaitable[int | None]]
@@ -467,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = verb(g, "console", instance_console, "print the serial console log")
     v.add_argument("id")
     v.add_argument("--tail", type=int, default=200, help="lines")
+    v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
+    exec_arguments(v)
     v = verb(g, "ssh", instance_ssh, "ssh to the instance through its loopback forward")
     v.add_argument("id")
     v.add_argument("command", nargs="*")
@@ -557,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if trailing is not None:
         if not hasattr(args, "command"):
-            parser.error("`--` is only for commands (session new, instance ssh)")
+            parser.error("`--` is only for commands (session new, instance exec, instance ssh)")
         args.command = [*(args.command or []), *trailing]
     if args.noun is None:
         parser.print_help()
