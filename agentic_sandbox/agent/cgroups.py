@@ -554,7 +554,7 @@ def _prepare_v2(mount: Path, here: Path, available: set[str]) -> Cgroups:
             else ""
         )
         return Cgroups(problem=f"cannot delegate cgroups under {here}: {exc}{hint}")
-    enabled = set(_read(base / "cgroup.subtree_control").split())
+    enabled = {c.lstrip("+") for c in _read(base / "cgroup.subtree_control").split()}
     cg = Cgroups(version=2, bases={"": base}, controllers=frozenset(enabled & set(wanted)))
     cg.sweep()
     return cg

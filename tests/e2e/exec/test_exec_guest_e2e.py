@@ -1,0 +1,171 @@
+"""Exec in a real `isolated` guest (TCG, an image built by `images`, the agent enrolled from
+inside): commands run over the agent link alone, budgets are the guest kernel's cgroup v2
+(the agent's delegated cgroup), each budget reason is triggered by a real runaway, and the
+guest stays healthy — a later exec answers and no run cgroup is left.
+
+One guest for the module (cold boot ~50 s); tests run in order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
+RECIPE = "debian-12-agent"
+GUEST = "x1-exec-guest"
+
+
+def _require_libvirt() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier runs as root (libvirt qemu:///system, image builds)")
+    res = subprocess.run(
+        ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
+    )
+    if res.returncode != 0:
+        pytest.fail(f"libvirtd is not answering on qemu:///system: {res.stderr.strip()}")
+
+
+def _wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while op["state"] not in ("succeeded", "failed", "canceled"):
+        assert time.monotonic() < deadline, f"operation still {op['state']}: {op}"
+        time.sleep(1)
+        op = srv.ok("GET", f"/api/v2/admin/operations/{op['id']}")
+    return op
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    _require_libvirt()
+    data = Path(tempfile.mkdtemp(prefix="sbx-x1-e2e-", dir="/var/tmp"))
+    data.chmod(0o755)
+    srv = ServerProcess(
+        data / "data",
+        env={
+            "SANDBOX_LIBVIRT_URI": "qemu:///system",
+            "SANDBOX_IMAGES_DIR": str(CACHE),
+            "SANDBOX_KVM_PROBE": "false",
+            "SANDBOX_PROVISION_READY_TIMEOUT_SECONDS": "300",
+            "SANDBOX_AGENT_HEARTBEAT_SECONDS": "2",
+        },
+    )
+    (data / "data").chmod(0o755)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.api("DELETE", f"/api/v2/admin/instances/{GUEST}")
+        srv.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def guest(server: ServerProcess) -> str:
+    status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
+    assert status == 202, op
+    op = _wait_op(server, op, timeout=900)
+    assert op["state"] == "succeeded", op.get("error")
+    status, op = server.api(
+        "POST", "/api/v2/admin/instances", {"id": GUEST, "image": RECIPE, "loadout": "minimal"}
+    )
+    assert status == 202, op
+    op = _wait_op(server, op, timeout=420)
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    return GUEST
+
+
+def ex(server: ServerProcess, guest: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, out = server.api("POST", f"/api/v2/admin/instances/{guest}/exec", body, timeout=300)
+    assert status == 200, (status, out)
+    assert isinstance(out, dict)
+    return out
+
+
+def healthy(server: ServerProcess, guest: str) -> None:
+    """A later exec answers, and no run's cgroup is left in the agent's subtree."""
+    out = ex(
+        server,
+        guest,
+        {"argv": ["sh", "-c", 'ls "/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/.."']},
+    )
+    assert out["exit_code"] == 0, out
+    # the listing runs in a run cgroup of its own: that one is the only entry left
+    assert len(out["stdout"]["data"].split()) == 1, out["stdout"]["data"]
+
+
+def test_exec_runs_in_the_isolated_guest_with_cgroup_v2(server: ServerProcess, guest: str) -> None:
+    inst = server.ok("GET", f"/api/v2/admin/instances/{guest}")
+    assert inst["network_policy"] == "isolated"
+    out = ex(server, guest, {"argv": ["sh", "-c", "id -un; uname -r; echo oops >&2; exit 4"]})
+    assert out["exit_code"] == 4
+    user, kernel = out["stdout"]["data"].split()
+    assert user == "agent" and kernel.endswith("-cloud-amd64")
+    assert out["stderr"]["data"] == "oops\n"
+    assert out["enforcement"] == "cgroup-v2"
+    assert out["usage"]["cpu_seconds"] > 0 and out["usage"]["peak_memory_bytes"] > 0
+    out = ex(server, guest, {"argv": ["cat"], "stdin": "through the link\n"})
+    assert out["stdout"]["data"] == "through the link\n"
+    healthy(server, guest)
+
+
+def test_a_memory_hog_ends_with_memory(server: ServerProcess, guest: str) -> None:
+    code = "x = []\nwhile True:\n    x.append(bytearray(1 << 20))"
+    out = ex(
+        server,
+        guest,
+        {"argv": ["python3", "-c", code], "budget": {"memory_mib": 48, "timeout_seconds": 120}},
+    )
+    assert out["reason"] == "memory", out
+    assert out["usage"]["peak_memory_bytes"] <= 48 << 20
+    healthy(server, guest)
+
+
+def test_a_fork_bomb_ends_with_pids(server: ServerProcess, guest: str) -> None:
+    out = ex(
+        server,
+        guest,
+        {
+            "argv": ["bash", "-c", "b() { b | b & }; b; wait"],
+            "budget": {"pids": 40, "timeout_seconds": 120},
+        },
+    )
+    assert out["reason"] == "pids", out
+    healthy(server, guest)
+
+
+def test_an_endless_loop_ends_with_timeout(server: ServerProcess, guest: str) -> None:
+    out = ex(
+        server,
+        guest,
+        {
+            "argv": ["sh", "-c", "while :; do :; done"],
+            "budget": {"timeout_seconds": 3, "cpus": 0.5},
+        },
+    )
+    assert out["reason"] == "timeout" and out["signal"] == "KILL", out
+    assert out["usage"]["cpu_seconds"] <= 0.6 * out["duration_seconds"] + 0.2, out
+    healthy(server, guest)
+
+
+def test_an_output_flood_ends_with_output_limit(server: ServerProcess, guest: str) -> None:
+    out = ex(
+        server,
+        guest,
+        {"argv": ["yes", "flood"], "budget": {"output_bytes": 300_000, "timeout_seconds": 120}},
+    )
+    assert out["reason"] == "output-limit", out
+    assert len(out["stdout"]["data"]) == 300_000
+    healthy(server, guest)
