@@ -333,7 +333,7 @@ class LinkStreams:
         self._streams[sid] = stream
         msg.window = self.window
         try:
-            self._send(pb.StreamFrame(stream_id=sid, open=msg))
+            self._send_message(pb.ServerMessage(stream=pb.StreamFrame(stream_id=sid, open=msg)))
         except Exception:
             del self._streams[sid]
             raise
@@ -341,7 +341,14 @@ class LinkStreams:
 
     # ---- outgoing ----------------------------------------------------------------------------
     def _send(self, frame: pb.StreamFrame) -> None:
-        self._send_message(pb.ServerMessage(stream=frame))
+        """Send a control frame (credit, cancel, …). A link that is closing fails every stream
+        through `close_all` anyway: its refusal here is not the caller's error."""
+        if self._closed is not None:
+            return
+        try:
+            self._send_message(pb.ServerMessage(stream=frame))
+        except Exception as exc:  # LinkClosed (link.py imports this module)
+            log.debug("stream frame not sent: %s", exc)
 
     def _ready(self, stream: ServerStream) -> None:
         if stream not in self._pending:

@@ -26,13 +26,14 @@ import codecs
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.streams import (
+    Chunk,
     ServerStream,
     StreamError,
     StreamLost,
@@ -52,6 +53,7 @@ from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.provision import Budgets
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ACCEPT_TIMEOUT = 30.0  # the agent answers an open at once; under TCG a start can take a while
 DEADLINE_GRACE = 30.0  # beyond the budget's timeout, before the server gives up on the agent
@@ -100,6 +102,7 @@ class ExecPlan:
     stream: ServerStream | None = None
     pid: int = 0
     enforcement: str = ""
+    close: pb.StreamClose | None = None
     _writer: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -247,10 +250,6 @@ class ExecService:
                 await stream.write(0, data)
             await stream.end(0)
 
-    def _deadline(self, plan: ExecPlan) -> float | None:
-        timeout = plan.budget.timeout_seconds
-        return None if timeout is None else timeout + DEADLINE_GRACE
-
     def stop(self, plan: ExecPlan, why: str) -> None:
         """The server gives up on the exec (cancel; the agent kills the run)."""
         if plan._writer is not None:
@@ -258,41 +257,50 @@ class ExecService:
         if plan.stream is not None:
             plan.stream.cancel("canceled", why)
 
-    async def collect(self, plan: ExecPlan) -> ExecOut:
-        """Run to the end; the answer keeps up to each stream's limit."""
+    async def _chunks(self, plan: ExecPlan) -> AsyncGenerator[Chunk, None]:
+        """The agent's chunks until its close (then in `plan.close`). Problems are raised as
+        `ProblemError`; a run left before its end (an error, a caller that goes away, the
+        deadline: the budget's timeout plus a grace period) is cancelled."""
         stream = plan.stream
         assert stream is not None
-        kept = {STDOUT: bytearray(), STDERR: bytearray()}
+        loop = asyncio.get_running_loop()
+        timeout = plan.budget.timeout_seconds
+        deadline = None if timeout is None else loop.time() + timeout + DEADLINE_GRACE
+
+        async def within(aw: Awaitable[T]) -> T:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await asyncio.wait_for(aw, left)
+            except TimeoutError:
+                raise _problem(
+                    504, "the agent did not finish the command in time", "agent-timeout"
+                ) from None
+            except StreamError as exc:
+                raise refusal_problem(exc) from None
+
         done = False
         try:
-            async with asyncio.timeout(self._deadline(plan)):
-                async for chunk in stream:
-                    buf = kept.get(chunk.channel)
-                    if buf is None:
-                        continue
-                    room = plan.limits[chunk.channel] - len(buf)
-                    if room > 0:
-                        buf += chunk.data[:room]
-                close = await stream.closed()
+            while (chunk := await within(stream.read())) is not None:
+                yield chunk
+            plan.close = await within(stream.closed())
             done = True
-        except TimeoutError:
-            raise _problem(
-                504, "the agent did not finish the command in time", "agent-timeout"
-            ) from None
-        except StreamError as exc:
-            raise refusal_problem(exc) from None
         finally:
             if not done:
                 self.stop(plan, "the server stopped waiting for the command")
-        result = self._result(plan, close)
-        out = self._answer(plan, result, kept)
+
+    async def collect(self, plan: ExecPlan) -> ExecOut:
+        """Run to the end; the answer keeps up to each stream's limit."""
+        kept = {STDOUT: bytearray(), STDERR: bytearray()}
+        async for chunk in self._chunks(plan):
+            buf = kept.get(chunk.channel)
+            if buf is not None and (room := plan.limits[chunk.channel] - len(buf)) > 0:
+                buf += chunk.data[:room]
+        out = self._answer(plan, self._result(plan), kept)
         self._finished(plan, out)
         return out
 
     async def events(self, plan: ExecPlan) -> AsyncGenerator[dict[str, Any], None]:
         """The NDJSON form: started, stdout/stderr chunks as they come, exit (or error)."""
-        stream = plan.stream
-        assert stream is not None
         decoders = {
             ch: codecs.getincrementaldecoder("utf-8")(errors="replace") for ch in (STDOUT, STDERR)
         }
@@ -304,46 +312,30 @@ class ExecService:
             "enforcement": plan.enforcement,
             "budget": plan.budget.model_dump(),
         }
-        done = False
         try:
-            async with asyncio.timeout(self._deadline(plan)):
-                async for chunk in stream:
-                    name = names.get(chunk.channel)
-                    if name is None:
-                        continue
-                    if plan.encoding == "base64":
-                        data = base64.b64encode(chunk.data).decode() if chunk.data else ""
-                    else:
-                        data = decoders[chunk.channel].decode(chunk.data, final=chunk.eof)
-                    if data:
-                        yield {"type": name, "data": data}
-                close = await stream.closed()
-            done = True
-        except TimeoutError:
-            yield _error_line(
-                _problem(504, "the agent did not finish the command in time", "agent-timeout")
-            )
-            return
-        except StreamError as exc:
-            yield _error_line(refusal_problem(exc))
-            return
-        finally:
-            if not done:
-                self.stop(plan, "the caller went away")
-        try:
-            result = self._result(plan, close)
+            async for chunk in self._chunks(plan):
+                name = names.get(chunk.channel)
+                if name is None:
+                    continue
+                if plan.encoding == "base64":
+                    data = base64.b64encode(chunk.data).decode() if chunk.data else ""
+                else:
+                    data = decoders[chunk.channel].decode(chunk.data, final=chunk.eof)
+                if data:
+                    yield {"type": name, "data": data}
+            out = self._answer(plan, self._result(plan), None)
         except ProblemError as problem:
             yield _error_line(problem)
             return
-        out = self._answer(plan, result, None)
         self._finished(plan, out)
         yield {"type": "exit", **out.model_dump(mode="json")}
 
     # ---- the answer ----------------------------------------------------------------------------
     @staticmethod
-    def _result(plan: ExecPlan, close: pb.StreamClose) -> pb.ExecResult:
-        if close.WhichOneof("result") != "exec":
-            err = close.error
+    def _result(plan: ExecPlan) -> pb.ExecResult:
+        close = plan.close
+        if close is None or close.WhichOneof("result") != "exec":
+            err = close.error if close is not None else pb.StreamError()
             raise refusal_problem(
                 StreamError(err.code or "agent-error", err.message or "no result", err.field)
             )

@@ -8,81 +8,40 @@ One guest for the module (cold boot ~50 s); tests run in order.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.libvirt_server import libvirt_server, wait_op
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
 RECIPE = "debian-12-agent"
 GUEST = "x1-exec-guest"
 
 
-def _require_libvirt() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the e2e tier runs as root (libvirt qemu:///system, image builds)")
-    res = subprocess.run(
-        ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
-    )
-    if res.returncode != 0:
-        pytest.fail(f"libvirtd is not answering on qemu:///system: {res.stderr.strip()}")
-
-
-def _wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while op["state"] not in ("succeeded", "failed", "canceled"):
-        assert time.monotonic() < deadline, f"operation still {op['state']}: {op}"
-        time.sleep(1)
-        op = srv.ok("GET", f"/api/v2/admin/operations/{op['id']}")
-    return op
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    _require_libvirt()
-    data = Path(tempfile.mkdtemp(prefix="sbx-x1-e2e-", dir="/var/tmp"))
-    data.chmod(0o755)
-    srv = ServerProcess(
-        data / "data",
-        env={
-            "SANDBOX_LIBVIRT_URI": "qemu:///system",
-            "SANDBOX_IMAGES_DIR": str(CACHE),
-            "SANDBOX_KVM_PROBE": "false",
-            "SANDBOX_PROVISION_READY_TIMEOUT_SECONDS": "300",
-            "SANDBOX_AGENT_HEARTBEAT_SECONDS": "2",
-        },
-    )
-    (data / "data").chmod(0o755)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.api("DELETE", f"/api/v2/admin/instances/{GUEST}")
-        srv.stop()
-        shutil.rmtree(data, ignore_errors=True)
+    with libvirt_server("sbx-x1-e2e-") as srv:
+        try:
+            yield srv
+        finally:
+            srv.api("DELETE", f"/api/v2/admin/instances/{GUEST}")
 
 
 @pytest.fixture(scope="module")
 def guest(server: ServerProcess) -> str:
     status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
     assert status == 202, op
-    op = _wait_op(server, op, timeout=900)
+    op = wait_op(server, op, timeout=900)
     assert op["state"] == "succeeded", op.get("error")
     status, op = server.api(
         "POST", "/api/v2/admin/instances", {"id": GUEST, "image": RECIPE, "loadout": "minimal"}
     )
     assert status == 202, op
-    op = _wait_op(server, op, timeout=420)
+    op = wait_op(server, op, timeout=420)
     assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     return GUEST
 

@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,13 @@ from tests.integration.exec.helpers import (
     stream_lines,
     wait_until,
 )
-from tests.support.agents import AgentProcess, start_agent
+from tests.support.agents import AgentProcess
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.timeout(240)
 
 ENFORCED = "cgroup-v1" if os.geteuid() == 0 else "none"
-
-
-@pytest.fixture(scope="module")
-def agent(
-    sandbox_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[AgentProcess]:
-    proc = start_agent(sandbox_server, unique_id("x1-exec"), tmp_path_factory.mktemp("agents"))
-    yield proc
-    proc.stop()
 
 
 def problem_field(body: Any) -> str:

@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.exec.helpers import assert_cleaned_up, ok
-from tests.support.agents import AgentProcess, start_agent
-from tests.support.fixtures import unique_id
+from tests.support.agents import AgentProcess
 from tests.support.server import ServerProcess
 
 pytestmark = [
     pytest.mark.timeout(240),
     pytest.mark.skipif(os.geteuid() != 0, reason="cgroup budgets need the agent to run as root"),
 ]
-
-
-@pytest.fixture(scope="module")
-def agent(
-    sandbox_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[AgentProcess]:
-    proc = start_agent(sandbox_server, unique_id("x1-budget"), tmp_path_factory.mktemp("agents"))
-    yield proc
-    proc.stop()
 
 
 def marker() -> str:
