@@ -33,12 +33,17 @@ def require_real_libvirt() -> None:
         ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
     )
     if res.returncode != 0:
-        pytest.fail(f"libvirtd is not answering on qemu:///system: {res.stderr.strip()}")
+        pytest.fail(
+            f"libvirtd is not answering on qemu:///system: {res.stderr.strip()} "
+            "(scripts/services.sh starts it)"
+        )
 
 
 @contextlib.contextmanager
 def libvirt_server(prefix: str, **env: str) -> Iterator[ServerProcess]:
     require_real_libvirt()
+    # QEMU runs as libvirt-qemu: the data directory's parents must be traversable (not /tmp's
+    # 0700 pytest folders).
     data = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     data.chmod(0o755)
     srv = ServerProcess(

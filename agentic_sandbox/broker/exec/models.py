@@ -46,7 +46,9 @@ class ExecRequest(Input):
     env: dict[EnvName, Annotated[str, StringConstraints(max_length=32768)]] = Field(
         default_factory=dict, max_length=256
     )
-    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+    cwd: str | None = Field(
+        default=None, pattern=r"^/[^\x00]*$", max_length=4096, description="absolute path"
+    )
     user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     stdin: str | None = Field(default=None, description="text written to stdin (UTF-8)")
     stdin_base64: str | None = Field(default=None, description="bytes written to stdin")
@@ -66,13 +68,6 @@ class ExecRequest(Input):
             raise ValueError("argv[0] must name a program")
         if any("\x00" in a for a in value):
             raise ValueError("arguments cannot contain NUL bytes")
-        return value
-
-    @field_validator("cwd")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or "\x00" in value):
-            raise ValueError("must be an absolute path")
         return value
 
     @field_validator("env")

@@ -88,51 +88,33 @@ def test_exec_runs_in_the_isolated_guest_with_cgroup_v2(server: ServerProcess, g
     healthy(server, guest)
 
 
+def runaway(server: ServerProcess, guest: str, argv: list[str], **budget: Any) -> dict[str, Any]:
+    """Run `argv` under `budget`, then check the guest is still healthy; the answer."""
+    out = ex(server, guest, {"argv": argv, "budget": budget})
+    healthy(server, guest)
+    return out
+
+
 def test_a_memory_hog_ends_with_memory(server: ServerProcess, guest: str) -> None:
     code = "x = []\nwhile True:\n    x.append(bytearray(1 << 20))"
-    out = ex(
-        server,
-        guest,
-        {"argv": ["python3", "-c", code], "budget": {"memory_mib": 48, "timeout_seconds": 120}},
-    )
+    out = runaway(server, guest, ["python3", "-c", code], memory_mib=48, timeout_seconds=120)
     assert out["reason"] == "memory", out
     assert out["usage"]["peak_memory_bytes"] <= 48 << 20
-    healthy(server, guest)
 
 
 def test_a_fork_bomb_ends_with_pids(server: ServerProcess, guest: str) -> None:
-    out = ex(
-        server,
-        guest,
-        {
-            "argv": ["bash", "-c", "b() { b | b & }; b; wait"],
-            "budget": {"pids": 40, "timeout_seconds": 120},
-        },
-    )
+    bomb = ["bash", "-c", "b() { b | b & }; b; wait"]
+    out = runaway(server, guest, bomb, pids=40, timeout_seconds=120)
     assert out["reason"] == "pids", out
-    healthy(server, guest)
 
 
 def test_an_endless_loop_ends_with_timeout(server: ServerProcess, guest: str) -> None:
-    out = ex(
-        server,
-        guest,
-        {
-            "argv": ["sh", "-c", "while :; do :; done"],
-            "budget": {"timeout_seconds": 3, "cpus": 0.5},
-        },
-    )
+    out = runaway(server, guest, ["sh", "-c", "while :; do :; done"], timeout_seconds=3, cpus=0.5)
     assert out["reason"] == "timeout" and out["signal"] == "KILL", out
     assert out["usage"]["cpu_seconds"] <= 0.6 * out["duration_seconds"] + 0.2, out
-    healthy(server, guest)
 
 
 def test_an_output_flood_ends_with_output_limit(server: ServerProcess, guest: str) -> None:
-    out = ex(
-        server,
-        guest,
-        {"argv": ["yes", "flood"], "budget": {"output_bytes": 300_000, "timeout_seconds": 120}},
-    )
+    out = runaway(server, guest, ["yes", "flood"], output_bytes=300_000, timeout_seconds=120)
     assert out["reason"] == "output-limit", out
     assert len(out["stdout"]["data"]) == 300_000
-    healthy(server, guest)

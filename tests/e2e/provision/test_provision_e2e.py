@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import re
 import shutil
 import subprocess
@@ -22,59 +21,28 @@ from typing import Any
 
 import pytest
 
+from tests.support.libvirt_server import CACHE, libvirt_server, require_real_libvirt, wait_op
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = "debian-12-agent"
 COLD = "e2e-cold"
 CLONE = "e2e-clone"
 
 
-def require_real_libvirt() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the e2e tier runs as root (libvirt qemu:///system, image builds)")
-    res = subprocess.run(
-        ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
-    )
-    if res.returncode != 0:
-        pytest.fail(
-            f"libvirtd is not answering on qemu:///system: {res.stderr.strip()} "
-            "(scripts/services.sh starts it)"
-        )
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    require_real_libvirt()
-    # QEMU runs as libvirt-qemu: the data directory's parents must be traversable (not /tmp's
-    # 0700 pytest folders).
-    data = Path(tempfile.mkdtemp(prefix="sbx-e2e-", dir="/var/tmp"))
-    data.chmod(0o755)
-    srv = ServerProcess(
-        data / "data",
-        env={
-            "SANDBOX_LIBVIRT_URI": "qemu:///system",
-            "SANDBOX_IMAGES_DIR": str(CACHE),
-            "SANDBOX_KVM_PROBE": "false",
-            "SANDBOX_PROVISION_READY_TIMEOUT_SECONDS": "300",
-            "SANDBOX_AGENT_HEARTBEAT_SECONDS": "2",
-        },
-    )
-    (data / "data").chmod(0o755)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", "e2e-pooled"):
-            srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
-        srv.stop()
-        shutil.rmtree(data, ignore_errors=True)
-        leftovers = domains_named("e2e-")
-        assert leftovers == [], f"domains left behind: {leftovers}"
+    with libvirt_server("sbx-e2e-") as srv:
+        try:
+            yield srv
+        finally:
+            for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", "e2e-pooled"):
+                srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
+    leftovers = domains_named("e2e-")
+    assert leftovers == [], f"domains left behind: {leftovers}"
 
 
 def domains_named(fragment: str) -> list[str]:
@@ -85,15 +53,6 @@ def domains_named(fragment: str) -> list[str]:
         timeout=30,
     )
     return [n for n in res.stdout.split() if fragment in n]
-
-
-def wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while op["state"] not in ("succeeded", "failed", "canceled"):
-        assert time.monotonic() < deadline, f"operation still {op['state']}: {op}"
-        time.sleep(1)
-        op = srv.ok("GET", f"/api/v2/admin/operations/{op['id']}")
-    return op
 
 
 def provision(srv: ServerProcess, body: dict[str, Any], timeout: float = 420) -> dict[str, Any]:
