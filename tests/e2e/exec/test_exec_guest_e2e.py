@@ -103,7 +103,8 @@ def test_a_memory_hog_ends_with_memory(server: ServerProcess, guest: str) -> Non
 
 
 def test_a_fork_bomb_ends_with_pids(server: ServerProcess, guest: str) -> None:
-    bomb = ["bash", "-c", "b() { b | b & }; b; wait"]
+    # every level waits for its two children: the tree only grows, until the budget ends it
+    bomb = ["bash", "-c", "b() { b & b & wait; }; b"]
     out = runaway(server, guest, bomb, pids=40, timeout_seconds=120)
     assert out["reason"] == "pids", out
 

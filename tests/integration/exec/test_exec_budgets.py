@@ -51,11 +51,11 @@ def test_a_memory_hog_ends_with_memory(sandbox_server: ServerProcess, agent: Age
 
 
 def test_a_fork_bomb_ends_with_pids(sandbox_server: ServerProcess, agent: AgentProcess) -> None:
-    # the bomb's own shell stays (waits), so the run is ended by the budget, not by its end
+    # every level waits for its two children: the tree only grows, until the budget ends it
     out = runaway(
         sandbox_server,
         agent,
-        lambda tag: ["bash", "-c", f"b() {{ b | b & }}; b; wait # {tag}"],
+        lambda tag: ["bash", "-c", f"b() {{ b & b & wait; }}; b # {tag}"],
         pids=32,
         timeout_seconds=60,
     )
