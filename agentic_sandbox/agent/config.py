@@ -52,6 +52,7 @@ class AgentConfig:
     initial_backoff: float = 0.5
     max_backoff: float = 30.0
     max_sessions: int = 64
+    max_streams: int = 64  # byte streams (exec runs, …) at once on the link
     default_user: str = ""
     log_level: str = "INFO"
     log_format: str = "json"
@@ -76,6 +77,8 @@ class AgentConfig:
             raise ConfigError("initial_backoff <= max_backoff, within 0.01..3600 s")
         if not 1 <= self.max_sessions <= 10_000:
             raise ConfigError("max_sessions: between 1 and 10000")
+        if not 1 <= self.max_streams <= 10_000:
+            raise ConfigError("max_streams: between 1 and 10000")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError("log_level: DEBUG, INFO, WARNING or ERROR")
         if self.log_format not in ("json", "text"):
@@ -131,7 +134,7 @@ class AgentConfig:
 _PATHS = {"ca_cert", "enrollment_token_file", "state_dir", "config_path"}
 _BOOLS = {"seed_identity"}
 _FLOATS = {"initial_backoff", "max_backoff"}
-_INTS = {"ring_bytes", "max_sessions"}
+_INTS = {"ring_bytes", "max_sessions", "max_streams"}
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -170,6 +173,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--initial-backoff", type=float, help="first reconnect delay (default 0.5 s)")
     p.add_argument("--max-backoff", type=float, help="longest reconnect delay (default 30 s)")
     p.add_argument("--max-sessions", type=int, help="sessions at once (default 64)")
+    p.add_argument("--max-streams", type=int, help="exec runs and other streams at once (64)")
     p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("--log-format", choices=("json", "text"))

@@ -5,7 +5,13 @@
   connection, `seedwatch.py` notices a new seed, `guard.py` keeps the guest's forward the
   agent's own, `session.py` is one PTY with its ring and flow state.
 - This module holds the sessions (open, input, resize, signal, close as the server asks), what a
-  registration reports and resumes, and the loop that (re)connects.
+  registration reports and resumes, and the loop that (re)connects. Byte streams (exec runs;
+  files and ports next) live in `streams.py` (the table, flow control) and their kinds' modules
+  (`exec.py`, budgets in `cgroups.py`).
+- `next_message()` decides what the link sends next: the outbox and stream control (accepts,
+  credits) first, then session output, then stream data — one chunk at a time, and a stream
+  chunk after every bulk session message, so an echo never waits behind more than one stream
+  chunk and neither kind starves the other.
 
 Reconnects use jittered exponential backoff: up to `max_backoff` (default 30 s) when the server
 refused the agent, at most 1 s while it is merely unreachable (a retry that reaches nothing
@@ -28,14 +34,16 @@ from importlib import metadata
 
 import grpc
 
-from agentic_sandbox.agent import identity, pki
+from agentic_sandbox.agent import cgroups, identity, pki
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
+from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
 from agentic_sandbox.agent.seedwatch import SeedWatcher
-from agentic_sandbox.agent.session import PtySession, SpawnError
+from agentic_sandbox.agent.session import BATCH_BYTES, PtySession, SpawnError
+from agentic_sandbox.agent.streams import Stream, StreamHandler, StreamTable
 from agentic_sandbox.agent.sysinfo import SysInfo
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -49,6 +57,7 @@ SIGNAL_NAMES = {
     pb.SIGNAL_HUP: "HUP",
 }
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+BULK_BYTES = BATCH_BYTES // 4  # a session message this large is a flood's: a stream gets a turn
 
 
 def agent_version() -> str:
@@ -100,6 +109,11 @@ class AgentRuntime:
         self._background: set[asyncio.Future[None]] = set()
         self._ssh_keys_due = False  # new SSH host keys owed to a taken-on identity
         self._guarded: str | None = None
+        self.cgroups = cgroups.Cgroups(problem="not detected yet")
+        self.streams = StreamTable(
+            {"exec": self._open_exec}, wake=self.wake, max_streams=config.max_streams
+        )
+        self._stream_turn = False
 
     @property
     def connected(self) -> bool:
@@ -145,6 +159,12 @@ class AgentRuntime:
         )
         return self._opened(sid, pid=sess.pid)
 
+    def _open_exec(
+        self, stream: Stream, msg: pb.StreamOpen
+    ) -> tuple[StreamHandler, pb.StreamAccept]:
+        ctx = ExecContext(self.cgroups, self.cfg.default_user)
+        return ExecRun.open(ctx, stream, msg)
+
     def _forget(self, sid: str) -> None:
         sess = self.sessions.pop(sid, None)
         if sess is not None:
@@ -166,6 +186,8 @@ class AgentRuntime:
             sess = self.sessions.get(msg.input.session_id)
             if sess is not None:
                 sess.write_input(msg.input.data)
+        elif kind == "stream":
+            self.streams.receive(msg.stream)
         elif kind == "ack":
             sess = self.sessions.get(msg.ack.session_id)
             if sess is not None:
@@ -200,6 +222,8 @@ class AgentRuntime:
             agent_run_id=self.run_id,
             ring_bytes=self.cfg.ring_bytes,
             sessions=[s.inventory() for s in self.sessions.values()],
+            stream_kinds=self.streams.kinds,
+            budgets=self.cgroups.support(),
         )
 
     def on_registered(self, ack: pb.RegisterAck) -> None:
@@ -231,13 +255,27 @@ class AgentRuntime:
         """The next message to send, or (None, seconds to wait for a batch to fill)."""
         if self.outbox:
             return self.outbox.popleft(), None
+        streams = self.streams
+        control = streams.next_control()
+        if control is not None:
+            return control, None
+        if self._stream_turn:
+            self._stream_turn = False
+            chunk = streams.next_data()
+            if chunk is not None:
+                return chunk, None
         wait: float | None = None
         for sess in list(self.sessions.values()):
             msg, left = sess.next_message(now)
             if msg is not None:
+                if len(msg.output.data) >= BULK_BYTES:
+                    self._stream_turn = streams.has_data
                 return msg, None
             if left is not None:
                 wait = left if wait is None else min(wait, left)
+        chunk = streams.next_data()
+        if chunk is not None:
+            return chunk, None
         return None, wait
 
     def queue_heartbeat(self) -> None:
@@ -378,6 +416,14 @@ class AgentRuntime:
     async def run(self) -> None:
         self.wake_event = asyncio.Event()
         self._seed_changed = asyncio.Event()
+        # before any session starts: on cgroup v2 the agent moves into a leaf of its own cgroup
+        self.cgroups = cgroups.detect()
+        log.info(
+            "run budgets: %s (%s)%s",
+            self.cgroups.enforcement,
+            ", ".join(self.cgroups.budgets),
+            f"; {self.cgroups.problem}" if self.cgroups.problem else "",
+        )
         self._guard()
         await self.adopt_seed_identity()
         watcher = (
@@ -417,6 +463,7 @@ class AgentRuntime:
                     log.warning("link failed: %s", exc or type(exc).__name__)
                 finally:
                     self.link = None
+                    self.streams.link_lost()
                 if self.seeds.changed.is_set():
                     self.seeds.changed.clear()
                 else:
@@ -429,5 +476,7 @@ class AgentRuntime:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            self.streams.link_lost()
             for sess in self.sessions.values():
                 sess.shutdown()
+            self.cgroups.release()

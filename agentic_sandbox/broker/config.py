@@ -194,6 +194,30 @@ class Settings(BaseSettings):
     agent_cert_ttl_seconds: int = Field(default=7 * 86400, ge=10, le=366 * 86400)
     enrollment_token_ttl_seconds: int = Field(default=3600, ge=10, le=30 * 86400)
     agent_outbox_messages: int = Field(default=10_000, ge=100, le=1_000_000)
+    agent_streams_per_link: int = Field(
+        default=128, ge=1, le=100_000, description="byte streams (execs, …) at once per agent link"
+    )
+
+    # ---- exec --------------------------------------------------------------------------------
+    exec_max_per_instance: int = Field(
+        default=16, ge=1, le=10_000, description="execs running at once on one instance (429)"
+    )
+    exec_max_stdin_bytes: int = Field(
+        default=512 * 1024,
+        ge=0,
+        le=1024**3,
+        description="stdin an exec request may carry (413); the body limit "
+        "(SANDBOX_MAX_BODY_BYTES) must leave room for it",
+    )
+    exec_output_default_bytes: int = Field(
+        default=1024 * 1024, ge=0, le=1024**3, description="stdout/stderr kept per stream"
+    )
+    exec_output_max_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=0,
+        le=1024**3,
+        description="the most stdout or stderr an exec answer may keep (per stream)",
+    )
 
     # ---- sessions ---------------------------------------------------------------------------
     session_ring_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)

@@ -19,6 +19,14 @@ Output is a byte stream per session with offsets: `SessionOutput.offset` is the 
 agent resends from there: no gap, no duplicate, as long as the agent's ring still holds it.
 
 A task run is a session (OpenSession.task_id set); prompts (HITL) are detected by the server.
+
+Byte streams (`StreamFrame`, both directions) are multiplexed on the same `Connect` stream:
+opened by either side (the server opens exec now, file transfers and port forwards next; the
+agent will open egress streams), each with numbered channels (0 = stdin/data towards the
+accepter, 1 = stdout, 2 = stderr), per-channel credit-based flow control (a receiver grants
+bytes; a sender never sends more than it was granted), half-close per channel, and a close
+carrying a typed result or an error. A stream lives on one link: a dropped link ends it.
+See docs/sessions.md ("Byte streams").
 """
 
 from collections import abc as _abc
@@ -188,6 +196,7 @@ class AgentMessage(_message.Message):
     OPENED_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     EXIT_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -198,6 +207,8 @@ class AgentMessage(_message.Message):
     def output(self) -> Global___SessionOutput: ...
     @_builtins.property
     def exit(self) -> Global___SessionExit: ...
+    @_builtins.property
+    def stream(self) -> Global___StreamFrame: ...
     def __init__(
         self,
         *,
@@ -206,12 +217,13 @@ class AgentMessage(_message.Message):
         opened: Global___SessionOpened | None = ...,
         output: Global___SessionOutput | None = ...,
         exit: Global___SessionExit | None = ...,
+        stream: Global___StreamFrame | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "opened", "output", "exit"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "opened", "output", "exit", "stream"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -228,6 +240,8 @@ class Register(_message.Message):
     AGENT_RUN_ID_FIELD_NUMBER: _builtins.int
     RING_BYTES_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    STREAM_KINDS_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -240,6 +254,14 @@ class Register(_message.Message):
     """per-session output ring of the agent"""
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
+    @_builtins.property
+    def stream_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """stream kinds the agent accepts ("exec", …)"""
+
+    @_builtins.property
+    def budgets(self) -> Global___BudgetSupport:
+        """how the agent enforces run budgets"""
+
     def __init__(
         self,
         *,
@@ -250,14 +272,47 @@ class Register(_message.Message):
         agent_run_id: _builtins.str = ...,
         ring_bytes: _builtins.int = ...,
         sessions: _abc.Iterable[Global___SessionInventory] | None = ...,
+        stream_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        budgets: Global___BudgetSupport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "hostname", b"hostname", "instance_id", b"instance_id", "ring_bytes", b"ring_bytes", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "hostname", b"hostname", "instance_id", b"instance_id", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Register: _TypeAlias = Register  # noqa: Y015
+
+@_typing.final
+class BudgetSupport(_message.Message):
+    """What the agent can enforce: `enforcement` is "cgroup-v2", "cgroup-v1" or "none"; `budgets`
+    names the budget fields it enforces ("timeout", "output_bytes", "memory", "cpu", "pids");
+    `problem` says why the others cannot be (e.g. no delegated cgroup).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    enforcement: _builtins.str
+    problem: _builtins.str
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        enforcement: _builtins.str = ...,
+        budgets: _abc.Iterable[_builtins.str] | None = ...,
+        problem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "enforcement", b"enforcement", "problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetSupport: _TypeAlias = BudgetSupport  # noqa: Y015
 
 @_typing.final
 class SessionInventory(_message.Message):
@@ -482,6 +537,7 @@ class ServerMessage(_message.Message):
     CLOSE_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register_ack(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -498,6 +554,8 @@ class ServerMessage(_message.Message):
     def ack(self) -> Global___OutputAck: ...
     @_builtins.property
     def heartbeat_ack(self) -> Global___HeartbeatAck: ...
+    @_builtins.property
+    def stream(self) -> Global___StreamFrame: ...
     def __init__(
         self,
         *,
@@ -509,12 +567,13 @@ class ServerMessage(_message.Message):
         close: Global___CloseSession | None = ...,
         ack: Global___OutputAck | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
+        stream: Global___StreamFrame | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack", "heartbeat_ack"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack", "heartbeat_ack", "stream"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -779,3 +838,387 @@ class OutputAck(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OutputAck: _TypeAlias = OutputAck  # noqa: Y015
+
+@_typing.final
+class StreamFrame(_message.Message):
+    """---- byte streams (both directions) -------------------------------------------------------------
+    Ids are chosen by the opener: odd for streams the server opens, even for the agent's; never
+    reused on a link. Order within one stream: `open`, then (from the accepter) `accept` or a
+    `close` with an error; then `data` and `credit` frames; each side ends with one `close`.
+    A side that sent `close` sends nothing more on that stream; a stream is gone once both sides
+    have closed it or the link ends.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    ACCEPT_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    @_builtins.property
+    def open(self) -> Global___StreamOpen: ...
+    @_builtins.property
+    def accept(self) -> Global___StreamAccept: ...
+    @_builtins.property
+    def data(self) -> Global___StreamData: ...
+    @_builtins.property
+    def credit(self) -> Global___StreamCredit: ...
+    @_builtins.property
+    def close(self) -> Global___StreamClose: ...
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        open: Global___StreamOpen | None = ...,
+        accept: Global___StreamAccept | None = ...,
+        data: Global___StreamData | None = ...,
+        credit: Global___StreamCredit | None = ...,
+        close: Global___StreamClose | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "body", b"body", "close", b"close", "credit", b"credit", "data", b"data", "open", b"open"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "body", b"body", "close", b"close", "credit", b"credit", "data", b"data", "open", b"open", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "accept", "data", "credit", "close"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___StreamFrame: _TypeAlias = StreamFrame  # noqa: Y015
+
+@_typing.final
+class StreamOpen(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WINDOW_FIELD_NUMBER: _builtins.int
+    EXEC_FIELD_NUMBER: _builtins.int
+    window: _builtins.int
+    """bytes the opener accepts on each channel it receives, before any credit"""
+    @_builtins.property
+    def exec(self) -> Global___ExecSpec: ...
+    def __init__(
+        self,
+        *,
+        window: _builtins.int = ...,
+        exec: Global___ExecSpec | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___StreamOpen: _TypeAlias = StreamOpen  # noqa: Y015
+
+@_typing.final
+class StreamAccept(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WINDOW_FIELD_NUMBER: _builtins.int
+    EXEC_FIELD_NUMBER: _builtins.int
+    window: _builtins.int
+    """bytes the accepter accepts on each channel it receives, before credit"""
+    @_builtins.property
+    def exec(self) -> Global___ExecStarted: ...
+    def __init__(
+        self,
+        *,
+        window: _builtins.int = ...,
+        exec: Global___ExecStarted | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_info) -> _WhichOneofReturnType_info | None: ...
+
+Global___StreamAccept: _TypeAlias = StreamAccept  # noqa: Y015
+
+@_typing.final
+class StreamData(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    channel: _builtins.int
+    data: _builtins.bytes
+    """at most what the receiver granted on this channel, and at most 64 KiB"""
+    eof: _builtins.bool
+    """nothing more on this channel after `data` (half-close)"""
+    def __init__(
+        self,
+        *,
+        channel: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        eof: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "data", b"data", "eof", b"eof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamData: _TypeAlias = StreamData  # noqa: Y015
+
+@_typing.final
+class StreamCredit(_message.Message):
+    """The sender of this frame accepts `bytes` more on `channel` (credits add up)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    channel: _builtins.int
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        channel: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamCredit: _TypeAlias = StreamCredit  # noqa: Y015
+
+@_typing.final
+class StreamClose(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    EXEC_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> Global___StreamError:
+        """set: refused, failed or cancelled (then `result` is usually unset)"""
+
+    @_builtins.property
+    def exec(self) -> Global___ExecResult: ...
+    def __init__(
+        self,
+        *,
+        error: Global___StreamError | None = ...,
+        exec: Global___ExecResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___StreamClose: _TypeAlias = StreamClose  # noqa: Y015
+
+@_typing.final
+class StreamError(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FIELD_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """bad-argv, bad-cwd, bad-user, budget-unsupported, too-many-streams,"""
+    message: _builtins.str
+    """unsupported, protocol, canceled, link-lost, internal"""
+    field: _builtins.str
+    """the spec field it is about (argv, cwd, user, budget.memory …), if any"""
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        field: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "field", b"field", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamError: _TypeAlias = StreamError  # noqa: Y015
+
+@_typing.final
+class Budget(_message.Message):
+    """---- exec (a stream of kind `exec`): channels 0 = stdin, 1 = stdout, 2 = stderr -------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    CPU_MILLIS_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    timeout_ms: _builtins.int
+    """wall clock; 0 = none"""
+    memory_bytes: _builtins.int
+    """memory maximum of the run's cgroup; 0 = none"""
+    cpu_millis: _builtins.int
+    """CPU quota in thousandths of a CPU (1500 = 1.5 CPUs); 0 = none"""
+    pids: _builtins.int
+    """processes and threads at once; 0 = none"""
+    output_bytes: _builtins.int
+    """stdout + stderr bytes the command may write; 0 = none"""
+    def __init__(
+        self,
+        *,
+        timeout_ms: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
+        cpu_millis: _builtins.int = ...,
+        pids: _builtins.int = ...,
+        output_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_millis", b"cpu_millis", "memory_bytes", b"memory_bytes", "output_bytes", b"output_bytes", "pids", b"pids", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Budget: _TypeAlias = Budget  # noqa: Y015
+
+@_typing.final
+class ExecSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    cwd: _builtins.str
+    """default: the user's home"""
+    user: _builtins.str
+    """default: the agent's default user"""
+    stdin: _builtins.bool
+    """channel 0 carries stdin; false: the command reads /dev/null"""
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """run as is: no shell unless argv names one"""
+
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """on top of the user's basic environment"""
+
+    @_builtins.property
+    def budget(self) -> Global___Budget: ...
+    def __init__(
+        self,
+        *,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        user: _builtins.str = ...,
+        stdin: _builtins.bool = ...,
+        budget: Global___Budget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "budget", b"budget", "cwd", b"cwd", "env", b"env", "stdin", b"stdin", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecSpec: _TypeAlias = ExecSpec  # noqa: Y015
+
+@_typing.final
+class ExecStarted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    enforcement: _builtins.str
+    """how this run's budget is enforced: cgroup-v2, cgroup-v1, none"""
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        enforcement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforcement", b"enforcement", "pid", b"pid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecStarted: _TypeAlias = ExecStarted  # noqa: Y015
+
+@_typing.final
+class ExecResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HAS_CODE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DURATION_US_FIELD_NUMBER: _builtins.int
+    CPU_US_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    STDOUT_BYTES_FIELD_NUMBER: _builtins.int
+    STDERR_BYTES_FIELD_NUMBER: _builtins.int
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
+    has_code: _builtins.bool
+    code: _builtins.int
+    signal: _builtins.str
+    """"KILL", "TERM", … when a signal ended it"""
+    reason: _builtins.str
+    """"" (it ended by itself), timeout, memory, pids, output-limit, canceled"""
+    duration_us: _builtins.int
+    cpu_us: _builtins.int
+    """user + system CPU time of every process of the run"""
+    peak_memory_bytes: _builtins.int
+    """the run's cgroup peak (else the largest process's RSS)"""
+    stdout_bytes: _builtins.int
+    """written by the command (all of it, sent or not)"""
+    stderr_bytes: _builtins.int
+    enforcement: _builtins.str
+    def __init__(
+        self,
+        *,
+        has_code: _builtins.bool = ...,
+        code: _builtins.int = ...,
+        signal: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        duration_us: _builtins.int = ...,
+        cpu_us: _builtins.int = ...,
+        peak_memory_bytes: _builtins.int = ...,
+        stdout_bytes: _builtins.int = ...,
+        stderr_bytes: _builtins.int = ...,
+        enforcement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "cpu_us", b"cpu_us", "duration_us", b"duration_us", "enforcement", b"enforcement", "has_code", b"has_code", "peak_memory_bytes", b"peak_memory_bytes", "reason", b"reason", "signal", b"signal", "stderr_bytes", b"stderr_bytes", "stdout_bytes", b"stdout_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecResult: _TypeAlias = ExecResult  # noqa: Y015

@@ -19,6 +19,14 @@ Output is a byte stream per session with offsets: `SessionOutput.offset` is the 
 agent resends from there: no gap, no duplicate, as long as the agent's ring still holds it.
 
 A task run is a session (OpenSession.task_id set); prompts (HITL) are detected by the server.
+
+Byte streams (`StreamFrame`, both directions) are multiplexed on the same `Connect` stream:
+opened by either side (the server opens exec now, file transfers and port forwards next; the
+agent will open egress streams), each with numbered channels (0 = stdin/data towards the
+accepter, 1 = stdout, 2 = stderr), per-channel credit-based flow control (a receiver grants
+bytes; a sender never sends more than it was granted), half-close per channel, and a close
+carrying a typed result or an error. A stream lives on one link: a dropped link ends it.
+See docs/sessions.md ("Byte streams").
 """
 
 from agentic_sandbox.proto import agent_pb2 as _agent_pb2

@@ -2,7 +2,13 @@
 running VM whose agent has enrolled. May use `fleet` and `images`; never `broker`."""
 
 from agentic_sandbox.provision.bundle import AgentBundle, BundleError, build_bundle, check_bundle
-from agentic_sandbox.provision.loadouts import Loadout, LoadoutCatalog, LoadoutError, load_catalog
+from agentic_sandbox.provision.loadouts import (
+    Budgets,
+    Loadout,
+    LoadoutCatalog,
+    LoadoutError,
+    load_catalog,
+)
 from agentic_sandbox.provision.pipeline import (
     STAGES,
     Enroller,
@@ -18,6 +24,7 @@ from agentic_sandbox.provision.seed import SeedFiles, read_seed_iso, write_seed_
 __all__ = [
     "STAGES",
     "AgentBundle",
+    "Budgets",
     "BundleError",
     "Enroller",
     "EnrollmentGrant",

@@ -135,6 +135,9 @@ Environment=PYTHONDONTWRITEBYTECODE=1
 ExecStart={python} -m agentic_sandbox.agent --config {AGENT_CONFIG}
 Restart=on-failure
 RestartSec=2
+# The agent's cgroup is its own: each exec run gets a child cgroup with its budget (memory,
+# pids, cpu) under it (agent/cgroups.py), and stopping the unit ends every run with it.
+Delegate=yes
 # Its log also goes to the serial console, under its own name: the server watches it while
 # the agent enrolls (an agent that dies at start fails the provision at once) and shows its
 # tail when enrolment stalls.

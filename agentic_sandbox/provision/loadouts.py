@@ -1,8 +1,9 @@
 """Loadouts: declarative instance profiles in YAML, validated by pydantic.
 
 A loadout says what an instance gets: resources, network policy, packages, files, commands,
-environment, secret references, skills (for its A2A card) and the task runner. `extends` names a
-parent; a child's scalars override, lists are appended (packages de-duplicated), and maps merge.
+environment, secret references, skills (for its A2A card), the task runner and run budgets
+(defaults and ceilings for exec). `extends` names a parent; a child's scalars override, lists
+are appended (packages de-duplicated), and maps merge (budgets per field).
 """
 
 from __future__ import annotations
@@ -104,6 +105,63 @@ class TaskRunner(_Strict):
         return value
 
 
+class BudgetValues(_Strict):
+    """One set of run budget values; an unset field is no limit (as far as this set goes)."""
+
+    timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)
+    memory_mib: int | None = Field(default=None, ge=4, le=4 * 1024 * 1024)
+    cpus: float | None = Field(default=None, ge=0.01, le=1024)
+    pids: int | None = Field(default=None, ge=1, le=4_194_304)
+    output_bytes: int | None = Field(default=None, ge=1, le=1024**4)
+
+
+BUDGET_FIELDS = ("timeout_seconds", "memory_mib", "cpus", "pids", "output_bytes")
+BUILTIN_MAX: dict[str, Any] = {"timeout_seconds": 86400}
+
+
+class Budgets(_Strict):
+    """Run budgets of an instance's execs: what a run gets when its request names none
+    (`defaults`), and what no request may go past (`maxima`). A request may lower either;
+    a field with a maximum but no default runs at the maximum. What a loadout leaves out keeps
+    the built-in values (a 600 s default and a 1 day ceiling for the timeout; set a field to
+    null to lift it)."""
+
+    defaults: BudgetValues = BudgetValues(timeout_seconds=600)
+    maxima: BudgetValues = BudgetValues(timeout_seconds=86400)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_builtin(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for part, builtin in (("defaults", {"timeout_seconds": 600}), ("maxima", BUILTIN_MAX)):
+            given = out.get(part)
+            if isinstance(given, dict):
+                out[part] = {**builtin, **given}
+        return out
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> Budgets:
+        for name in BUDGET_FIELDS:
+            default = getattr(self.defaults, name)
+            ceiling = getattr(self.maxima, name)
+            if default is not None and ceiling is not None and default > ceiling:
+                raise ValueError(f"defaults.{name} ({default}) is above maxima.{name} ({ceiling})")
+        return self
+
+    def effective(self, name: str, asked: float | None) -> float | None:
+        """The value a run gets for `name` when it asks for `asked` (None: nothing asked);
+        raises ValueError when `asked` is above the ceiling."""
+        ceiling = getattr(self.maxima, name)
+        if asked is not None:
+            if ceiling is not None and asked > ceiling:
+                raise ValueError(f"at most {ceiling:g} (the loadout's ceiling)")
+            return asked
+        default = getattr(self.defaults, name)
+        return default if default is not None else ceiling
+
+
 class Loadout(_Strict):
     """A resolved loadout (after `extends`)."""
 
@@ -119,6 +177,7 @@ class Loadout(_Strict):
     secrets: list[SecretRef] = Field(default_factory=list, max_length=100)
     skills: list[Skill] = Field(default_factory=list, max_length=100)
     task_runner: TaskRunner = TaskRunner()
+    budgets: Budgets = Budgets()
 
     @field_validator("packages")
     @classmethod
@@ -170,6 +229,17 @@ def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
             out[key] = list(merged.values())
         elif key in ("resources", "environment", "task_runner") and isinstance(value, dict):
             out[key] = {**out.get(key, {}), **value}
+        elif key == "budgets" and isinstance(value, dict):
+            found = out.get(key)
+            parent_budgets: dict[str, Any] = found if isinstance(found, dict) else {}
+            merged_budgets = dict(parent_budgets)
+            for part, values in value.items():
+                before = parent_budgets.get(part)
+                if isinstance(values, dict) and isinstance(before, dict):
+                    merged_budgets[part] = {**before, **values}
+                else:
+                    merged_budgets[part] = values
+            out[key] = merged_budgets
         else:
             out[key] = value
     return out

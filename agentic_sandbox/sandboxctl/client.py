@@ -62,7 +62,7 @@ def _problem(status: int, body: bytes) -> tuple[str, dict[str, Any]]:
     return f"{detail}{extra}", doc
 
 
-def _refusal(status: int, body: bytes) -> CliError:
+def refusal(status: int, body: bytes) -> CliError:
     message, doc = _problem(status, body)
     return CliError(message, _STATUS_EXIT.get(status, 1), doc)
 
@@ -102,7 +102,7 @@ class Api:
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
-                    raise _refusal(resp.status, body)
+                    raise refusal(resp.status, body)
                 if resp.status == 204 or not body:
                     return None
                 if resp.content_type.endswith("json"):
@@ -135,7 +135,7 @@ class Api:
         url = self.target.url.rstrip("/") + path
         async with self.session.get(url, params=params, headers=headers) as resp:
             if resp.status >= 400:
-                raise _refusal(resp.status, await resp.read())
+                raise refusal(resp.status, await resp.read())
             data: list[str] = []
             async for raw in resp.content:
                 line = raw.decode().rstrip("\n")

@@ -24,6 +24,8 @@ from agentic_sandbox.sandboxctl.client import (
     Target,
 )
 from agentic_sandbox.sandboxctl.contexts import Contexts, config_path, resolve_target
+from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
+from agentic_sandbox.sandboxctl.exec import instance_exec
 from agentic_sandbox.sandboxctl.output import emit, err, progress
 
 Handler = Callable[[Api, argparse.Namespace], Awaitable[int | None]]
@@ -517,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = verb(g, "console", instance_console, "print the serial console log")
     v.add_argument("id")
     v.add_argument("--tail", type=int, default=200, help="lines")
+    v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
+    exec_arguments(v)
     v = verb(g, "ssh", instance_ssh, "ssh to the instance through its loopback forward")
     v.add_argument("id")
     v.add_argument("command", nargs="*")
@@ -607,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if trailing is not None:
         if not hasattr(args, "command"):
-            parser.error("`--` is only for commands (session new, instance ssh)")
+            parser.error("`--` is only for commands (session new, instance exec, instance ssh)")
         args.command = [*(args.command or []), *trailing]
     if args.noun is None:
         parser.print_help()

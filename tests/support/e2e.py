@@ -6,9 +6,13 @@ default `e2e-`), so that several people's runs on one libvirtd never make the sa
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +116,25 @@ def forget_pools(data_dir: Path) -> None:
     for name in pools_of(data_dir):
         for verb in ("pool-destroy", "pool-undefine"):
             subprocess.run(["virsh", "-c", URI, verb, name], capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def libvirt_server(prefix: str, **env: str) -> Iterator[ServerProcess]:
+    """A started server on the real libvirtd, its data directory under /var/tmp (QEMU, as
+    libvirt-qemu, must traverse its parents: not /tmp's 0700 pytest folders). Afterwards the
+    server is stopped, its storage pools forgotten and its directory removed; a domain of its
+    left behind fails the test."""
+    require_real_libvirt()
+    data = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    data.chmod(0o755)
+    srv = ServerProcess(data / "data", env={**REAL_SERVER_ENV, **env})
+    (data / "data").chmod(0o755)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        leftovers = domains_under(data)
+        forget_pools(data / "data")
+        shutil.rmtree(data, ignore_errors=True)
+        assert leftovers == [], f"domains left behind: {leftovers}"

@@ -26,6 +26,7 @@ from typing import Any
 from agentic_sandbox.broker.agentlink import (
     AgentConnection,
     AgentLinkComponent,
+    AgentRegistry,
     Exited,
     ExitReport,
     Inventory,
@@ -33,7 +34,6 @@ from agentic_sandbox.broker.agentlink import (
     Output,
     Reconciled,
 )
-from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.app import Component
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.observability.events import Event

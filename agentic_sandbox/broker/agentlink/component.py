@@ -81,6 +81,7 @@ class AgentLinkComponent:
             refusals=svc.refusals,
             heartbeat_ms=int(settings.agent_heartbeat_seconds * 1000),
             outbox_limit=settings.agent_outbox_messages,
+            stream_limit=settings.agent_streams_per_link,
         )
         self._server: grpc.aio.Server | None = None
         self.gateway: LinkGateway | None = None

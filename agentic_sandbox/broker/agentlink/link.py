@@ -8,6 +8,8 @@ session state is reconciled) rather than letting memory grow; a command on a clo
 `LinkClosed`. Output acknowledgements are coalesced: at once after 256 KiB, else within 20 ms.
 
 `LinkHandler` is what the link tells the session layer, in the typed values of `messages.py`.
+Byte streams (exec, …) live in `streams` (`streams.py`); their data frames are not in the
+outbox: the writer sends the outbox first, then one stream frame at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from agentic_sandbox.broker.agentlink.messages import (
     Reconciled,
     SignalName,
 )
+from agentic_sandbox.broker.agentlink.streams import LinkStreams
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,10 @@ class AgentInfo:
     boot_id: str = ""
     agent_run_id: str = ""
     ring_bytes: int = 0
+    stream_kinds: tuple[str, ...] = ()  # what the agent accepts ("exec", …)
+    budget_enforcement: str = ""  # cgroup-v2, cgroup-v1, none ("" before stream support)
+    budgets: tuple[str, ...] = ()  # budget fields it enforces
+    budget_problem: str = ""  # why it cannot enforce the others
 
 
 @dataclass
@@ -98,6 +105,7 @@ class AgentConnection:
     cert_not_after: dt.datetime
     peer: str
     outbox_limit: int = 10_000
+    stream_limit: int = 128
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     state: str = "connected"  # connected | stale | closed
     registered: bool = False
@@ -117,6 +125,7 @@ class AgentConnection:
         self._ack_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[Any] | None = None  # the Connect handler, cancelled on close
         self.last_seen = asyncio.get_running_loop().time()
+        self.streams = LinkStreams(self._send, self._wake.set, max_streams=self.stream_limit)
 
     @property
     def closed(self) -> bool:
@@ -222,11 +231,16 @@ class AgentConnection:
     async def outgoing(self) -> AsyncIterator[pb.ServerMessage]:
         """The messages to write to the stream, until the connection closes."""
         out = self._out
+        streams = self.streams
         while not self.closed:
             while out:
                 yield out.popleft()
                 if self.closed:
                     return
+            chunk = streams.next_message()
+            if chunk is not None:
+                yield chunk
+                continue
             self._wake.clear()
             await self._wake.wait()
 
@@ -235,6 +249,7 @@ class AgentConnection:
             return
         self.state = "closed"
         self.close_reason = reason
+        self.streams.close_all(reason)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None

@@ -105,6 +105,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         refusals: RefusalGate,
         heartbeat_ms: int,
         outbox_limit: int = 10_000,
+        stream_limit: int = 128,
     ) -> None:
         self._db = db
         self._refusals = refusals
@@ -116,6 +117,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._metrics = metrics
         self._heartbeat_ms = heartbeat_ms
         self._outbox_limit = outbox_limit
+        self._stream_limit = stream_limit
         # The read loop's dispatch: message kind -> (its counter, its receiver). A new kind of
         # agent message is one entry here and one receiver below.
         receivers: dict[str, Receiver] = {
@@ -123,6 +125,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             "heartbeat": self._receive_heartbeat,
             "opened": self._receive_opened,
             "exit": self._receive_exit,
+            "stream": self._receive_stream,
         }
         self._receivers = {
             kind: (metrics.grpc_messages.labels("in", kind), receive)
@@ -132,7 +135,16 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._m_unknown = metrics.grpc_messages.labels("in", "unknown")
         self._m_out = {
             kind: metrics.grpc_messages.labels("out", kind)
-            for kind in ("register_ack", "open", "input", "resize", "signal", "close", "ack")
+            for kind in (
+                "register_ack",
+                "open",
+                "input",
+                "resize",
+                "signal",
+                "close",
+                "ack",
+                "stream",
+            )
         }
 
     # ---- refusals ------------------------------------------------------------------------------
@@ -348,12 +360,17 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             cert_not_after=ident.not_after,
             peer=peer,
             outbox_limit=self._outbox_limit,
+            stream_limit=self._stream_limit,
             info=AgentInfo(
                 agent_version=reg.agent_version[:64],
                 hostname=reg.hostname[:255],
                 boot_id=reg.boot_id[:64],
                 agent_run_id=reg.agent_run_id[:64],
                 ring_bytes=reg.ring_bytes,
+                stream_kinds=tuple(k[:32] for k in reg.stream_kinds[:16]),
+                budget_enforcement=reg.budgets.enforcement[:32],
+                budgets=tuple(b[:32] for b in reg.budgets.budgets[:16]),
+                budget_problem=reg.budgets.problem[:512],
             ),
         )
         conn.task = asyncio.current_task()
@@ -441,3 +458,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         conn.metrics_dirty = True
         conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
         conn.answer_heartbeat(int(time.time() * 1000))
+
+    @staticmethod
+    def _receive_stream(conn: AgentConnection, msg: pb.AgentMessage) -> None:
+        conn.streams.receive(msg.stream)

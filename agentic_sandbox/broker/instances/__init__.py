@@ -1,6 +1,13 @@
 """The fleet inside the server: instances, snapshots, hosts, images, loadouts, pools,
-provisioning. Others use the component; its services are reached through `keys.py`."""
+provisioning. Others use the component; its services are reached through `keys.py`.
 
+Public face: `FleetComponent`; for the components that act on an instance over its agent
+link (exec): `instance_to_change` (the instance if the caller may change it, else the 404/403
+problem) and `LOADOUTS` (the app key of the loadout catalog, absent without a fleet).
+"""
+
+from agentic_sandbox.broker.instances.access import instance_to_change
 from agentic_sandbox.broker.instances.component import FleetComponent
+from agentic_sandbox.broker.instances.keys import LOADOUTS
 
-__all__ = ["FleetComponent"]
+__all__ = ["LOADOUTS", "FleetComponent", "instance_to_change"]

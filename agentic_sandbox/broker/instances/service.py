@@ -158,6 +158,8 @@ class InstanceService:
                     memory_mib=new.memory_mib or loadout.resources.memory_mib,
                     disk_gib=new.disk_gib or loadout.resources.disk_gib,
                     network_policy=new.network or loadout.network,
+                    # exec budgets are the loadout's as it was at create (inline ones included)
+                    spec={"budgets": loadout.budgets.model_dump(mode="json")},
                 )
             )
         self._svc.audit.transition(

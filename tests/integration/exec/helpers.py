@@ -1,0 +1,83 @@
+"""Helpers for the exec tier: calling the routes, reading NDJSON, checking nothing is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.support.server import ServerProcess
+
+CGROUP_BASES = [
+    Path("/sys/fs/cgroup") / c / "agentic-sandbox" for c in ("pids", "cpu", "cpuacct", "freezer")
+]
+
+
+def exec_path(instance_id: str, stream: bool = False) -> str:
+    return f"/api/v2/admin/instances/{instance_id}/exec" + ("/stream" if stream else "")
+
+
+def run(
+    server: ServerProcess, instance_id: str, body: dict[str, Any], *, token: str | None = None
+) -> tuple[int, Any]:
+    return server.api("POST", exec_path(instance_id), body, token=token, timeout=120)
+
+
+def ok(server: ServerProcess, instance_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, out = run(server, instance_id, body)
+    assert status == 200, (status, out)
+    assert isinstance(out, dict)
+    return out
+
+
+def stream_lines(
+    server: ServerProcess, instance_id: str, body: dict[str, Any], *, timeout: float = 120
+) -> Iterator[dict[str, Any]]:
+    """The NDJSON lines of `…/exec/stream`, as they arrive."""
+    req = urllib.request.Request(
+        server.url + exec_path(instance_id, stream=True),
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {server.admin_token}",
+        },
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("application/x-ndjson")
+        for raw in resp:
+            yield json.loads(raw)
+
+
+def wait_until(check: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not true after {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def processes_with(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True, check=False)
+    mine = str(os.getpid())
+    return [ln for ln in out.stdout.splitlines() if ln and not ln.startswith(mine + " ")]
+
+
+def run_cgroups_of(agent_pid: int) -> list[Path]:
+    found: list[Path] = []
+    for base in CGROUP_BASES:
+        if base.is_dir():
+            found += [p for p in base.iterdir() if p.name.startswith(f"{agent_pid}-")]
+    return found
+
+
+def assert_cleaned_up(marker: str, agent_pid: int) -> None:
+    """No process of the run is left, and its cgroups are gone."""
+    wait_until(lambda: not processes_with(marker), f"processes matching {marker!r} gone")
+    wait_until(lambda: not run_cgroups_of(agent_pid), "the run's cgroups removed")
