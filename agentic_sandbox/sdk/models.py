@@ -20,7 +20,9 @@ TERMINAL_TASK_STATES = frozenset({"completed", "failed", "canceled", "rejected"}
 
 
 class ApiModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # defer_build: a model's validator is made when it is first used, not at import (a CLI
+    # call uses two or three of these models; building all of them cost most of its start).
+    model_config = ConfigDict(extra="allow", defer_build=True)
     __schema__: ClassVar[str] = ""
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 

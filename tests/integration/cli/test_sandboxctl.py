@@ -30,7 +30,7 @@ def ctl(
         {
             "SANDBOX_URL": server.url,
             "SANDBOX_TOKEN": token or server.admin_token,
-            "XDG_CONFIG_HOME": str(home or ROOT / "tests" / "artifacts" / "cfg"),
+            "XDG_CONFIG_HOME": str(home or CONFIG_HOME),
         }
     )
     return subprocess.run(
