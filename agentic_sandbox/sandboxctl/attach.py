@@ -81,6 +81,11 @@ async def attach(
         with contextlib.suppress(asyncio.QueueFull):
             typed.put_nowait(data)
 
+    async def read_file() -> None:
+        """stdin is a file (or /dev/null), which the loop cannot watch: read it in a thread."""
+        while data := await loop.run_in_executor(None, os.read, fd, 4096):
+            await typed.put(data)
+
     async def send_input() -> None:
         nonlocal detached
         while True:
@@ -111,9 +116,12 @@ async def attach(
         if interactive:
             tty.setraw(fd)
             loop.add_signal_handler(signal.SIGWINCH, resized.set)
-        loop.add_reader(fd, on_stdin)
-        print(f"[attached to {session_id}; detach with {detach_key}]\r", file=sys.stderr)
         tasks = [asyncio.create_task(send_input()), asyncio.create_task(send_resize())]
+        try:
+            loop.add_reader(fd, on_stdin)
+        except PermissionError:
+            tasks.append(asyncio.create_task(read_file()))
+        print(f"[attached to {session_id}; detach with {detach_key}]\r", file=sys.stderr)
         async for chunk in term:
             out.write(chunk.data)
             out.flush()
