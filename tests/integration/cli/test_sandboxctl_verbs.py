@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import inspect
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,34 +168,38 @@ def test_attach_and_watch_without_a_terminal(
 
 
 # ---- every verb, with the global options before the noun and after the verb ---------------------
+Args = Callable[[], list[str] | Awaitable[list[str]]]
+
+
 @dataclass
 class Case:
     verb: str
-    args: Callable[[], list[str]]  # made fresh for each run (a kill needs its own session)
+    args: Args  # made fresh for each run (a kill needs its own session)
     json_out: bool = True
     check: Callable[[str], bool] | None = None  # for text output
+    code: int = 0
 
 
-def run_both_ways(ctl: Sandboxctl, url: str, case: Case) -> None:
+async def run_both_ways(ctl: Sandboxctl, url: str, case: Case) -> None:
     """$SANDBOX_URL points at a dead port: only a --server that the verb honours reaches
     the server; -o json must give JSON (or the verb's own text) in both positions."""
     opts = ["--server", url, "-o", "json"]
     words = case.verb.split()
-    results = []
-    for argv in ([*opts, *words, *case.args()], [*words, *case.args(), *opts]):
-        res = ctl(*argv)
-        assert res.returncode == 0, (argv, res.stdout, res.stderr)
+    shapes = []
+    for before in (True, False):
+        args = case.args()
+        args = await args if inspect.isawaitable(args) else args
+        argv = [*opts, *words, *args] if before else [*words, *args, *opts]
+        code, out, err = await ctl.run_async(*argv)
+        assert code == case.code, (argv, out, err)
         if case.json_out:
-            lines = res.stdout.splitlines()
-            if case.verb == "event tail":  # one JSON document a line
-                docs = [json.loads(line) for line in lines]
-            else:
-                docs = [json.loads(res.stdout)]
-            results.append(sorted({k for d in docs for k in d}))
-        else:
-            assert case.check is not None and case.check(res.stdout), (argv, res.stdout)
+            lines = out.splitlines() if case.verb == "event tail" else [out]
+            docs = [json.loads(line) for line in lines]  # one JSON document a line
+            shapes.append(sorted({k for d in docs for k in d}))
+        elif case.check is not None:
+            assert case.check(out), (argv, out, err)
     if case.json_out:
-        assert results[0] == results[1], (case.verb, results)
+        assert shapes[0] == shapes[1], (case.verb, shapes)
 
 
 def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Case]:
@@ -287,11 +292,11 @@ NON_FLEET_VERBS = {
 }
 
 
-def test_global_options_work_in_any_position(
+async def test_global_options_work_in_any_position(
     sandbox_server: ServerProcess, sdk: Client, agent: AgentProcess, tmp_path: Path
 ) -> None:
     ctl = Sandboxctl(f"http://127.0.0.1:{free_port()}", sandbox_server.admin_token, tmp_path)
     cases = non_fleet_cases(sdk, agent, tmp_path)
     assert {c.verb for c in cases} == NON_FLEET_VERBS
     for case in cases:
-        run_both_ways(ctl, sandbox_server.url, case)
+        await run_both_ways(ctl, sandbox_server.url, case)
