@@ -67,7 +67,8 @@ class AsyncEvents(Resource):
         host: str | None = None,
         reconnect_within: float = 60.0,
     ) -> AsyncIterator[Event]:
-        """Live events (Server-Sent Events), after `after` (None: from now) and then as they
+        """Live events (Server-Sent Events), after `after` (None: from the newest event when
+        iteration begins — pass a seq to miss nothing of what you do before) and then as they
         happen, for as long as you iterate. A dropped stream is re-opened after the last seq
         seen, so nothing is missed or repeated; an event of type `stream.gap` says this client
         fell behind the server's buffer. A revoked token ends it with `Unauthorized`."""
