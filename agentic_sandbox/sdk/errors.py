@@ -105,9 +105,9 @@ class OperationFailed(SandboxError):
         self.stage: str | None = error.get("stage") or operation.stage
         self.cause: str = str(error.get("cause") or operation.state)
         what = "was canceled" if operation.state == "canceled" else "failed"
-        super().__init__(
-            f"{operation.kind} {operation.subject_id} {what} at stage {self.stage}: {self.cause}"
-        )
+        where = f" at stage {self.stage}" if self.stage else ""
+        subject = f"{operation.kind} {operation.subject_id}".strip()
+        super().__init__(f"{subject} {what}{where}: {self.cause}")
 
 
 class SignatureInvalid(SandboxError):
