@@ -95,6 +95,11 @@ class Transport:
             await self._session.close()
             self._session = None
 
+    def _connection_failed(self, exc: aiohttp.ClientError) -> ConnectionFailed:
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return ConnectionFailed(f"cannot reach the server at {self.url}: {exc.os_error}")
+        return ConnectionFailed(f"the connection to {self.url} broke: {exc}")
+
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
@@ -133,12 +138,8 @@ class Transport:
                 if resp.content_type.endswith("json"):
                     return json.loads(body)
                 return body
-        except aiohttp.ClientConnectorError as exc:
-            raise ConnectionFailed(
-                f"cannot reach the server at {self.url}: {exc.os_error}"
-            ) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-            raise ConnectionFailed(f"the connection to {self.url} broke: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise self._connection_failed(exc) from None
 
     async def model(self, cls: type[M], method: str, path: str, **kw: Any) -> M:
         return cls.model_validate(await self.request(method, path, **kw))
@@ -175,9 +176,5 @@ class Transport:
                     event = parser.feed(raw.decode("utf-8", "replace").rstrip("\r\n"))
                     if event is not None:
                         yield event
-        except aiohttp.ClientConnectorError as exc:
-            raise ConnectionFailed(
-                f"cannot reach the server at {self.url}: {exc.os_error}"
-            ) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-            raise ConnectionFailed(f"the stream from {self.url} broke: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise self._connection_failed(exc) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -191,9 +192,14 @@ async def test_pool_create_list_delete(fleet_server: Running, cli: Sandboxctl) -
     op = json.loads(out)
     assert op["kind"] == "pool-prepare" and op["state"] == "succeeded", op
     key = op["subject_id"]
-    code, out, err = await cli.run_async("pool", "list")
-    assert code == 0 and out.splitlines()[0].split()[:3] == ["KEY", "IMAGE", "LOADOUT"], out
-    row = next(line.split() for line in out.splitlines() if line.startswith(key))
+    deadline = time.monotonic() + 60
+    while True:  # the fleet fills the pool after the operation
+        code, out, err = await cli.run_async("pool", "list")
+        assert code == 0 and out.splitlines()[0].split()[:3] == ["KEY", "IMAGE", "LOADOUT"], out
+        row = next(line.split() for line in out.splitlines() if line.startswith(key))
+        if row[5] == "1" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
     assert row[2:6] == ["minimal", "isolated", "1", "1"], out  # size 1, one VM ready
     code, out, err = await cli.run_async("pool", "delete", key)
     assert code == 0 and out.strip() == f"deleted pool {key}", (out, err)

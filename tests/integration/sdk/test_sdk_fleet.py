@@ -104,7 +104,10 @@ async def test_pools_images_hosts_loadouts(
     _, sbx = fleet
     op = await sbx.operations.wait(await sbx.pools.create(image=IMAGE, size=1))
     assert op.kind == "pool-prepare" and op.result and op.result["size"] == 1
-    (pool,) = await sbx.pools.list()
+    deadline = time.monotonic() + 60
+    while (pool := (await sbx.pools.list())[0]).ready < 1:  # the fleet fills it after
+        assert time.monotonic() < deadline, pool
+        await asyncio.sleep(0.1)
     assert (pool.key, pool.image, pool.size, pool.ready) == (op.subject_id, IMAGE, 1, 1)
     await sbx.pools.delete(pool.key)
     assert await sbx.pools.list() == []
