@@ -35,6 +35,12 @@ def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class AsyncInstances(Resource):
+    """Instances. Where the sandbox-boundary calls go once the server has their routes:
+    `exec` (`POST …/instances/{id}/exec`, a JSON answer, and its streaming form as an async
+    iterator), and files and ports as resources of their own (`client.files`: upload,
+    download, list, stat, remove over `…/instances/{id}/files`; `client.ports`: forward a
+    local port over `…/ports/{port}`), each with its `Client` facade line in `sync.py`."""
+
     def __init__(self, transport: Transport, operations: AsyncOperations) -> None:
         super().__init__(transport)
         self._ops = operations
@@ -311,6 +317,9 @@ class AsyncHosts(Resource):
 
 
 class AsyncLoadouts(Resource):
+    """Loadouts as the server has them today (resolved files); versioned loadouts (`apply`,
+    `versions`, `activate` with the expected version) join here with their routes."""
+
     async def list(self) -> list[Loadout]:
         return await self._t.items(Loadout, f"{ADMIN}/loadouts")
 

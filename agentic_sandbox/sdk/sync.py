@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from agentic_sandbox.sdk.access import AsyncApiKeys, AsyncSecrets, AsyncTokens
 from agentic_sandbox.sdk.agentcards import AsyncAgentCards
@@ -46,6 +47,7 @@ from agentic_sandbox.sdk.tasks import AsyncTasks
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
 A = TypeVar("A")
 F = TypeVar("F", bound="_Facade[Any]")
 
@@ -108,74 +110,66 @@ class _Facade(Generic[A]):
         self._loop = loop
 
 
-class synced(Generic[P, T]):
+class _Carried(Generic[P, R]):
+    """A descriptor carrying an async method over to a facade: shown with the method's doc
+    and its signature less `self`; bound to the facade's async object, and `_finish` turns
+    what the method returns into what the blocking caller gets."""
+
+    def __init__(self, method: Callable[Concatenate[Any, P], Any]) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+        sig = inspect.signature(method)
+        self.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])
+
+    def _finish(self, result: Any, loop: _LoopThread) -> R:
+        raise NotImplementedError
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, obj: _Facade[Any], owner: type) -> Callable[P, R]: ...
+    def __get__(self, obj: _Facade[Any] | None, owner: type) -> Any:
+        if obj is None:
+            return self
+        method, target, loop = self._method, obj._async, obj._loop
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            return self._finish(method(target, *args, **kwargs), loop)
+
+        functools.update_wrapper(call, method)
+        call.__signature__ = self.__signature__  # type: ignore[attr-defined]
+        return call
+
+
+class synced(_Carried[P, T]):
     """`name = synced(AsyncThing.name)`: the coroutine method as a blocking one."""
 
     def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]) -> None:
-        self._method = method
-        self.__doc__ = method.__doc__
+        super().__init__(method)
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> synced[P, T]: ...
-    @overload
-    def __get__(self, obj: _Facade[Any], owner: type) -> Callable[P, T]: ...
-    def __get__(self, obj: _Facade[Any] | None, owner: type) -> Any:
-        if obj is None:
-            return self
-        method, target, loop = self._method, obj._async, obj._loop
-
-        @functools.wraps(method)
-        def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return loop.run(method(target, *args, **kwargs))
-
-        return call
+    def _finish(self, result: Any, loop: _LoopThread) -> T:
+        return loop.run(result)
 
 
-class synced_iter(Generic[P, T]):
+class synced_iter(_Carried[P, Iterator[T]]):
     """`name = synced_iter(AsyncThing.name)`: the async iterator method as an iterator."""
 
     def __init__(self, method: Callable[Concatenate[Any, P], AsyncIterator[T]]) -> None:
-        self._method = method
-        self.__doc__ = method.__doc__
+        super().__init__(method)
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> synced_iter[P, T]: ...
-    @overload
-    def __get__(self, obj: _Facade[Any], owner: type) -> Callable[P, Iterator[T]]: ...
-    def __get__(self, obj: _Facade[Any] | None, owner: type) -> Any:
-        if obj is None:
-            return self
-        method, target, loop = self._method, obj._async, obj._loop
-
-        @functools.wraps(method)
-        def call(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
-            return loop.iterate(method(target, *args, **kwargs))
-
-        return call
+    def _finish(self, result: Any, loop: _LoopThread) -> Iterator[T]:
+        return loop.iterate(result)
 
 
-class _synced_wrap(Generic[P, F]):
+class _synced_wrap(_Carried[P, F]):
     """A plain method that returns an async object, returning its sync facade instead."""
 
     def __init__(self, method: Callable[Concatenate[Any, P], Any], facade: type[F]) -> None:
-        self._method = method
+        super().__init__(method)
         self._facade = facade
-        self.__doc__ = method.__doc__
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> _synced_wrap[P, F]: ...
-    @overload
-    def __get__(self, obj: _Facade[Any], owner: type) -> Callable[P, F]: ...
-    def __get__(self, obj: _Facade[Any] | None, owner: type) -> Any:
-        if obj is None:
-            return self
-        method, target, loop, facade = self._method, obj._async, obj._loop, self._facade
-
-        @functools.wraps(method)
-        def call(*args: P.args, **kwargs: P.kwargs) -> F:
-            return facade(method(target, *args, **kwargs), loop)
-
-        return call
+    def _finish(self, result: Any, loop: _LoopThread) -> F:
+        return self._facade(result, loop)
 
 
 class Attachment(_Facade[AsyncAttachment]):

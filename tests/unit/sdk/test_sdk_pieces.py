@@ -124,3 +124,35 @@ def test_the_umbrella_package_imports_nothing_until_asked() -> None:
         import agentic_sandbox
 
         _ = agentic_sandbox.Nope  # type: ignore[attr-defined]
+
+
+def test_every_async_call_has_its_blocking_twin() -> None:
+    """A method added to an async resource without its line in the sync facade fails here."""
+    import inspect
+
+    from agentic_sandbox.sdk import sync
+    from agentic_sandbox.sdk.client import AsyncClient
+
+    client = sync.Client("http://127.0.0.1:9", "t")
+    try:
+        pairs = [(client, client._async)] + [
+            (getattr(client, name), getattr(client._async, name))
+            for name in vars(client._async)
+            if not name.startswith("_") and name != "credentials"
+        ]
+        assert len(pairs) > 15
+        for facade, target in pairs:
+            public = {
+                n
+                for n, fn in inspect.getmembers(type(target), inspect.isfunction)
+                if not n.startswith("_")
+                and (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn))
+            }
+            missing = {n for n in public if not hasattr(type(facade), n)}
+            assert not missing, (type(target).__name__, missing)
+            for name in public:
+                if isinstance(vars(type(facade)).get(name), sync._Carried):  # not close()
+                    assert getattr(facade, name).__doc__ == getattr(target, name).__doc__
+        assert isinstance(client._async, AsyncClient)
+    finally:
+        client.close()
