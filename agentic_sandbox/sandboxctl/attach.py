@@ -1,28 +1,23 @@
 """`sandboxctl session attach`: this terminal becomes the session's terminal.
 
-Raw mode, keystrokes go out at once as binary frames, output frames (8-byte offset + bytes) go
-to stdout, SIGWINCH sends `resize`. The detach key (default Ctrl-]) leaves the session running.
-On a dropped connection it reattaches with `from=<next offset>`, so nothing is lost or doubled.
+Raw mode; keystrokes go out at once; output goes to stdout; SIGWINCH sends a resize. The
+detach key (default Ctrl-]) leaves the session running. The SDK's attachment reattaches a
+dropped connection from the next offset, so nothing is lost or doubled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
-import struct
 import sys
 import termios
 import tty
 from typing import Any
 
-import aiohttp
-
-from agentic_sandbox.sandboxctl.client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Api, CliError
-
-SUBPROTOCOL = "sandbox.pty.v1"
+from agentic_sandbox.sandboxctl.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError
+from agentic_sandbox.sdk import AsyncClient, NotController
 
 
 def detach_byte(spec: str) -> int:
@@ -37,21 +32,46 @@ def detach_byte(spec: str) -> int:
     raise CliError(f"--detach-key must look like ctrl-] or ctrl-q, got {spec!r}", EXIT_USAGE)
 
 
-async def attach(api: Api, session_id: str, *, observe: bool, force: bool, detach_key: str) -> int:
+def _terminal_size() -> tuple[int, int]:
+    if sys.stdout.isatty():
+        size = os.get_terminal_size()
+        return size.columns, size.lines
+    return 80, 24
+
+
+async def attach(
+    client: AsyncClient, session_id: str, *, observe: bool, force: bool, detach_key: str
+) -> int:
     key = detach_byte(detach_key)
-    if not api.target.token:
+    if not client.credentials.token:
         raise CliError("attach needs a token (--token, $SANDBOX_TOKEN or a context)")
-    base = api.target.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
-    url = f"{base}/api/v2/admin/sessions/{session_id}/attach"
-    interactive = sys.stdin.isatty()
-    fd = sys.stdin.fileno()
-    saved = termios.tcgetattr(fd) if interactive else None
-    loop = asyncio.get_running_loop()
-    next_offset: int | None = None
-    stdin_queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=256)
+    out = sys.stdout.buffer
     resized = asyncio.Event()
+
+    def on_control(msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "hello":
+            resized.set()  # each (re)attach tells the session this terminal's size
+        elif kind == "error":
+            sys.stderr.write(f"\r\n[{msg.get('code')}: {msg.get('message')}]\r\n")
+        elif kind == "role" and msg.get("role"):
+            sys.stderr.write(f"\r\n[you are now {msg.get('role')}]\r\n")
+        elif kind == "resync" and isinstance(msg.get("screen"), str):
+            out.write(b"\x1b[2J\x1b[H" + msg["screen"].encode())  # redraw the server's screen
+            out.flush()
+
+    term = client.sessions.attach(
+        session_id,
+        role="observe" if observe else "control",
+        force=force,
+        on_control=on_control,
+    )
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+    interactive = sys.stdin.isatty()
+    saved = termios.tcgetattr(fd) if interactive else None
+    typed: asyncio.Queue[bytes] = asyncio.Queue(maxsize=256)
     detached = False
-    exit_code: int | None = None
 
     def on_stdin() -> None:
         data = os.read(fd, 4096)
@@ -59,126 +79,69 @@ async def attach(api: Api, session_id: str, *, observe: bool, force: bool, detac
             loop.remove_reader(fd)
             return
         with contextlib.suppress(asyncio.QueueFull):
-            stdin_queue.put_nowait(data)
+            typed.put_nowait(data)
 
-    try:
-        if interactive:
-            tty.setraw(fd)
-            loop.add_signal_handler(signal.SIGWINCH, resized.set)
-        loop.add_reader(fd, on_stdin)
-        print(f"[attached to {session_id}; detach with {detach_key}]\r", file=sys.stderr)
-        for _attempt in range(30):
-            params: dict[str, Any] = {"role": "observe" if observe else "control"}
-            if next_offset is not None:
-                params["from"] = next_offset
-            try:
-                async with api.session.ws_connect(
-                    url,
-                    params=params,
-                    protocols=(SUBPROTOCOL, f"bearer.{api.target.token}"),
-                    compress=0,
-                    heartbeat=30,
-                ) as ws:
-                    if force and not observe:
-                        await ws.send_str(json.dumps({"type": "request_control", "force": True}))
-                    resized.set()
-                    outcome = await _pump(ws, stdin_queue, resized, key, observe)
-                    next_offset = outcome.get("next_offset", next_offset)
-                    if outcome.get("detached"):
-                        detached = True
-                        break
-                    if "exit" in outcome:
-                        exit_code = outcome["exit"]
-                        break
-            except aiohttp.WSServerHandshakeError as exc:
-                raise CliError(f"cannot attach: HTTP {exc.status} {exc.message}") from None
-            except aiohttp.ClientConnectorError as exc:
-                raise CliError(f"cannot reach the server: {exc.os_error}") from None
-            await asyncio.sleep(0.5)  # connection dropped: reattach from the next offset
-    finally:
-        loop.remove_reader(fd)
-        if interactive:
-            loop.remove_signal_handler(signal.SIGWINCH)
-            assert saved is not None
-            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-    if detached:
-        print(f"\n[detached from {session_id}; it keeps running]", file=sys.stderr)
-        return EXIT_OK
-    if exit_code is not None:
-        print(f"\n[session exited with {exit_code}]", file=sys.stderr)
-        return EXIT_OK if exit_code == 0 else EXIT_ERROR
-    return EXIT_ERROR
-
-
-async def _pump(
-    ws: aiohttp.ClientWebSocketResponse,
-    stdin_queue: asyncio.Queue[bytes],
-    resized: asyncio.Event,
-    key: int,
-    observe: bool,
-) -> dict[str, Any]:
-    out = sys.stdout.buffer
-    result: dict[str, Any] = {}
+    async def read_file() -> None:
+        """stdin is a file (or /dev/null), which the loop cannot watch: read it in a thread."""
+        while data := await loop.run_in_executor(None, os.read, fd, 4096):
+            await typed.put(data)
 
     async def send_input() -> None:
+        nonlocal detached
         while True:
-            data = await stdin_queue.get()
-            if key in data:
-                data = data[: data.index(key)]
-                if data and not observe:
-                    await ws.send_bytes(data)
-                result["detached"] = True
-                await ws.close()
+            data = await typed.get()
+            cut = data.find(bytes([key]))
+            if cut >= 0:
+                if data[:cut] and not observe:
+                    with contextlib.suppress(NotController):
+                        await term.send(data[:cut])
+                detached = True
+                await term.close()
                 return
             if not observe:
-                await ws.send_bytes(data)
+                with contextlib.suppress(NotController):  # another client took control
+                    await term.send(data)
 
     async def send_resize() -> None:
         while True:
             await resized.wait()
             resized.clear()
-            if observe:
-                continue
-            size = os.get_terminal_size() if sys.stdout.isatty() else os.terminal_size((80, 24))
-            await ws.send_str(
-                json.dumps({"type": "resize", "cols": size.columns, "rows": size.lines})
-            )
+            if not observe and term.role == "controller":
+                with contextlib.suppress(NotController):
+                    await term.resize(*_terminal_size())
 
-    tasks = [asyncio.create_task(send_input()), asyncio.create_task(send_resize())]
+    await term.connect()
+    tasks: list[asyncio.Task[None]] = []
     try:
-        async for msg in ws:
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                (offset,) = struct.unpack_from(">Q", msg.data)
-                payload = msg.data[8:]
-                out.write(payload)
-                out.flush()
-                result["next_offset"] = offset + len(payload)
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                ctl = json.loads(msg.data)
-                kind = ctl.get("type")
-                if kind == "exit":
-                    result["exit"] = ctl.get("code") if ctl.get("code") is not None else 128
-                    break
-                if kind == "error":
-                    sys.stderr.write(f"\r\n[{ctl.get('code')}: {ctl.get('message')}]\r\n")
-                elif kind == "role":
-                    sys.stderr.write(f"\r\n[you are now {ctl.get('role')}]\r\n")
-                elif kind == "hello" and result.get("next_offset") is None:
-                    start = ctl.get("from")  # where this attach's stream begins (None: a snapshot)
-                    if isinstance(start, int):
-                        result["next_offset"] = start
-                elif kind == "resync" and isinstance(ctl.get("offset"), int):
-                    result["next_offset"] = ctl["offset"]
-                    screen = ctl.get("screen")
-                    if isinstance(screen, str):  # redraw from the server's screen snapshot
-                        out.write(b"\x1b[2J\x1b[H" + screen.encode())
-                        out.flush()
-            elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
-                break
+        if interactive:
+            tty.setraw(fd)
+            loop.add_signal_handler(signal.SIGWINCH, resized.set)
+        tasks = [asyncio.create_task(send_input()), asyncio.create_task(send_resize())]
+        try:
+            loop.add_reader(fd, on_stdin)
+        except PermissionError:
+            tasks.append(asyncio.create_task(read_file()))
+        print(f"[attached to {session_id}; detach with {detach_key}]\r", file=sys.stderr)
+        async for chunk in term:
+            out.write(chunk.data)
+            out.flush()
     finally:
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-    return result
+        loop.remove_reader(fd)
+        if interactive:
+            loop.remove_signal_handler(signal.SIGWINCH)
+            assert saved is not None
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        await term.close()
+    if detached:
+        print(f"\n[detached from {session_id}; it keeps running]", file=sys.stderr)
+        return EXIT_OK
+    if term.exit is not None:
+        code = term.exit.code if term.exit.code is not None else 128
+        print(f"\n[session exited with {code}]", file=sys.stderr)
+        return EXIT_OK if code == 0 else EXIT_ERROR
+    return EXIT_ERROR

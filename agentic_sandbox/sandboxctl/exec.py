@@ -16,18 +16,9 @@ import signal
 import sys
 from typing import Any
 
-import aiohttp
-
-from agentic_sandbox.sandboxctl.client import (
-    EXIT_ERROR,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    Api,
-    CliError,
-    refusal,
-)
-
-NO_READ_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
+from agentic_sandbox.sandboxctl.exits import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+from agentic_sandbox.sandboxctl.parsing import kv
+from agentic_sandbox.sdk import AsyncClient
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
@@ -44,38 +35,6 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("command", nargs="*")
 
 
-def request_body(a: argparse.Namespace) -> dict[str, Any]:
-    if not a.command:
-        raise CliError("give the command after --: instance exec ID -- CMD ARGS…", EXIT_USAGE)
-    budget = {
-        key: value
-        for key, value in (
-            ("timeout_seconds", a.timeout),
-            ("memory_mib", a.memory),
-            ("cpus", a.cpus),
-            ("pids", a.pids),
-            ("output_bytes", a.output_bytes),
-        )
-        if value is not None
-    }
-    body: dict[str, Any] = {"argv": a.command, "budget": budget, "output_encoding": "base64"}
-    env = {}
-    for pair in a.env or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CliError(f"--env must be KEY=VALUE, got {pair!r}", EXIT_USAGE)
-        env[key] = value
-    if env:
-        body["env"] = env
-    if a.cwd:
-        body["cwd"] = a.cwd
-    if a.user:
-        body["user"] = a.user
-    if a.stdin:
-        body["stdin_base64"] = base64.b64encode(sys.stdin.buffer.read()).decode()
-    return body
-
-
 def exit_status(line: dict[str, Any]) -> int:
     code = line.get("exit_code")
     if isinstance(code, int):
@@ -87,39 +46,40 @@ def exit_status(line: dict[str, Any]) -> int:
         return EXIT_ERROR
 
 
-async def instance_exec(api: Api, a: argparse.Namespace) -> int:
-    body = request_body(a)
-    url = api.target.url.rstrip("/") + f"/api/v2/admin/instances/{a.id}/exec/stream"
+async def instance_exec(c: AsyncClient, a: argparse.Namespace) -> int:
+    if not a.command:
+        raise CliError("give the command after --: instance exec ID -- CMD ARGS…", EXIT_USAGE)
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    try:
-        async with api.session.post(
-            url, json=body, headers=api.headers(), timeout=NO_READ_TIMEOUT
-        ) as resp:
-            if resp.status >= 400:
-                raw = await resp.read()
-                raise refusal(resp.status, raw)
-            async for raw_line in resp.content:
-                line = json.loads(raw_line)
-                kind = line.get("type")
-                if kind in ("stdout", "stderr"):
-                    target = out if kind == "stdout" else err
-                    target.write(base64.b64decode(line["data"]))
-                    target.flush()
-                elif kind == "exit":
-                    if line.get("reason"):
-                        usage = line.get("usage") or {}
-                        print(
-                            f"sandboxctl: the command was ended: {line['reason']} "
-                            f"(budget {json.dumps(line.get('budget'))}; used "
-                            f"{usage.get('cpu_seconds')} s CPU, "
-                            f"{usage.get('peak_memory_bytes')} bytes peak memory)",
-                            file=sys.stderr,
-                        )
-                    return exit_status(line)
-                elif kind == "error":
-                    raise CliError(str(line.get("detail")), EXIT_UNAVAILABLE)
-    except aiohttp.ClientConnectorError as exc:
-        raise CliError(
-            f"cannot reach the server at {api.target.url}: {exc.os_error}", EXIT_UNAVAILABLE
-        ) from None
+    lines = c.instances.exec_stream(
+        a.id,
+        a.command,
+        stdin=sys.stdin.buffer.read() if a.stdin else None,
+        env=kv(a.env or [], "--env"),
+        cwd=a.cwd,
+        user=a.user,
+        timeout_seconds=a.timeout,
+        memory_mib=a.memory,
+        cpus=a.cpus,
+        pids=a.pids,
+        output_bytes=a.output_bytes,
+    )
+    async for line in lines:
+        kind = line.get("type")
+        if kind in ("stdout", "stderr"):
+            target = out if kind == "stdout" else err
+            target.write(base64.b64decode(line["data"]))
+            target.flush()
+        elif kind == "exit":
+            if line.get("reason"):
+                usage = line.get("usage") or {}
+                print(
+                    f"sandboxctl: the command was ended: {line['reason']} "
+                    f"(budget {json.dumps(line.get('budget'))}; used "
+                    f"{usage.get('cpu_seconds')} s CPU, "
+                    f"{usage.get('peak_memory_bytes')} bytes peak memory)",
+                    file=sys.stderr,
+                )
+            return exit_status(line)
+        elif kind == "error":
+            raise CliError(str(line.get("detail")), EXIT_UNAVAILABLE)
     raise CliError("the server ended the stream before the command's exit", EXIT_UNAVAILABLE)

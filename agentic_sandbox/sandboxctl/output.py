@@ -24,6 +24,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from agentic_sandbox.sdk.models import ApiModel
+
 PIPED_WIDTH = 4096  # no wrapping when the output is not a terminal
 
 
@@ -115,6 +117,15 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def fields(data: dict[str, Any]) -> str:
     return render(_fields(data), tty=sys.stdout.isatty())
+
+
+def doc(value: Any) -> Any:
+    """What the server sent: a model's document, a list of them as `{"items": [...]}`."""
+    if isinstance(value, ApiModel):
+        return value.to_dict()
+    if isinstance(value, list):
+        return {"items": [doc(v) for v in value]}
+    return value
 
 
 def emit(data: Any, fmt: str, columns: Sequence[str] | None = None) -> None:

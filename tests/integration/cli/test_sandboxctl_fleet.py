@@ -2,35 +2,52 @@
 server that has no image yet builds it first, a failed create names its stage and cause on
 stderr and exits non-zero, and operations render with readable sub-tables.
 
-Image builds are the one fake here: the server's builder publishes a small fake image at once
-instead of running debootstrap (real builds are the e2e tier's); everything else — the CLI
-process, the HTTP API, the operations, the fleet on libvirt's test driver — is real.
+Two fakes: the server's image builder publishes a small fake image at once instead of running
+debootstrap (real builds are the e2e tier's), and a warm pool's golden VM "prints" cloud-init's
+marker on its console; everything else — the CLI process, the HTTP API, the operations, the
+fleet on libvirt's test driver — is real.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from collections.abc import AsyncIterator
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentic_sandbox import AsyncClient
 from agentic_sandbox.broker.instances import FleetComponent
+from agentic_sandbox.broker.instances.pools import DONE_MARKER
 from agentic_sandbox.images import BuiltImage, ImageBuilder
 from tests.fleet_support.testdriver import node_uri
 from tests.inproc import Running, make_settings, start_server
+from tests.integration.cli.test_sandboxctl_verbs import (
+    NON_FLEET_VERBS,
+    Case,
+    all_verbs,
+    run_both_ways,
+)
+from tests.support.cli import Sandboxctl
+from tests.support.server import free_port
 from tests.unit.images.images_fakes import publish_fake
 
 RECIPE = "debian-12-agent"  # the server's default recipe
+# set-context and use-context change the CLI's own file: test_sandboxctl.py covers them
+CONFIG_VERBS = {"config set-context", "config use-context"}
 
 
 class InstantBuilder(ImageBuilder):
     """Builds a recipe by publishing a fake image under the recipe's real image name."""
 
     async def build_async(self, recipe: Any, *, progress: Any = None) -> BuiltImage:
+        hit = self.cached(recipe)
+        if hit is not None:  # as the real builder: a cached build is reused at once
+            return hit
         name = self.image_name(recipe)
         for stage in ("prepare", "rootfs", "disk"):
             await asyncio.sleep(0.2)
@@ -40,6 +57,19 @@ class InstantBuilder(ImageBuilder):
         image = self.cached(recipe)
         assert image is not None
         return image
+
+
+def golden_console_says_done(comp: FleetComponent) -> None:
+    """A warm pool's golden VM waits for cloud-init's marker on its serial console; a VM of
+    the test driver has no console, so this one says it (the second fake here)."""
+    fleet = comp.fleet
+    read = fleet.read_serial_log
+
+    async def read_serial_log(instance_id: str, offset: int = 0) -> bytes:
+        data = await read(instance_id, offset)
+        return data + DONE_MARKER if instance_id.startswith("golden-") else data
+
+    fleet.read_serial_log = read_serial_log  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -52,36 +82,29 @@ async def fleet_server(tmp_path: Path) -> AsyncIterator[Running]:
         return [comp]
 
     async with start_server(settings, components=components) as r:
+        golden_console_says_done(
+            next(c for c in r.server.components if isinstance(c, FleetComponent))
+        )
         yield r
 
 
-async def ctl(r: Running, *args: str, token: str | None = None) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
-    env.update({"SANDBOX_URL": r.url, "SANDBOX_TOKEN": token or r.admin_token})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agentic_sandbox.sandboxctl.main",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+@pytest.fixture
+def cli(fleet_server: Running, tmp_path: Path) -> Sandboxctl:
+    return Sandboxctl(fleet_server.url, fleet_server.admin_token, tmp_path / "cli")
 
 
-async def test_create_without_an_image_builds_it_first(fleet_server: Running) -> None:
+async def test_create_without_an_image_builds_it_first(
+    fleet_server: Running, cli: Sandboxctl
+) -> None:
     r = fleet_server
     operator = await r.make_token("ops", "operator")
-    code, out, err = await ctl(r, "instance", "create", "vm-0", "--no-wait", token=operator)
+    code, out, err = await cli.run_async("instance", "create", "vm-0", "--no-wait", token=operator)
     assert code == 4, (out, err)  # an operator may create, only an admin may build
     assert f"ask an admin to run `sandboxctl image build {RECIPE}`" in err, err
-    code, out, err = await ctl(r, "instance", "create", "vm-0", "--no-build")
+    code, out, err = await cli.run_async("instance", "create", "vm-0", "--no-build")
     assert code == 6 and f"`sandboxctl image build {RECIPE}`" in err, (out, err)
 
-    code, out, err = await ctl(r, "instance", "create", "vm-1", "--loadout", "minimal")
+    code, out, err = await cli.run_async("instance", "create", "vm-1", "--loadout", "minimal")
     assert code == 0, (out, err)
     assert f"image {RECIPE} is not built yet: building it first" in err, err
     assert f"image {RECIPE} is built" in err, err
@@ -92,11 +115,10 @@ async def test_create_without_an_image_builds_it_first(fleet_server: Running) ->
 
 
 async def test_a_failed_create_names_stage_and_cause_and_renders_sub_tables(
-    fleet_server: Running,
+    cli: Sandboxctl,
 ) -> None:
-    r = fleet_server
-    assert (await ctl(r, "image", "build", RECIPE))[0] == 0
-    code, out, err = await ctl(r, "instance", "create", "vm-big", "--memory", "262144")
+    assert (await cli.run_async("image", "build", RECIPE))[0] == 0
+    code, out, err = await cli.run_async("instance", "create", "vm-big", "--memory", "262144")
     assert code == 1, (out, err)
     assert "provision vm-big failed at stage placing: " in err, err
     assert "MiB" in err.splitlines()[-1], err  # the cause itself, not only the stage
@@ -109,7 +131,172 @@ async def test_a_failed_create_names_stage_and_cause_and_renders_sub_tables(
     (error_at,) = [i for i, line in enumerate(lines) if line.startswith("error")]
     assert lines[error_at].split()[1:3] == ["stage", "placing"], out
     assert lines[error_at + 1].split()[:1] == ["cause"], out
-    code, out, err = await ctl(
-        r, "instance", "create", "vm-big", "--memory", "262144", "-o", "json"
+    code, out, err = await cli.run_async(
+        "instance", "create", "vm-big", "--memory", "262144", "-o", "json"
     )
     assert code == 1 and '"stage": "placing"' in out, out
+
+
+async def built(c: AsyncClient) -> None:
+    await c.operations.wait(await c.images.build(RECIPE))
+
+
+async def vm(c: AsyncClient, instance_id: str) -> str:
+    """A small VM (the test driver's node is small), not waiting for an agent."""
+    op = await c.instances.create(instance_id, memory_mib=256, disk_gib=2, wait_ready=False)
+    await c.operations.wait(op)
+    return instance_id
+
+
+async def test_snapshots_revert_clone_and_operations(
+    fleet_server: Running, cli: Sandboxctl
+) -> None:
+    r = fleet_server
+    async with AsyncClient(r.url, r.admin_token) as c:
+        await built(c)
+        await vm(c, "snap-src")
+    code, out, err = await cli.run_async("instance", "snapshot", "snap-src", "s1", "--memory")
+    assert code == 0, (out, err)
+    code, out, err = await cli.run_async("instance", "snapshots", "snap-src")
+    assert code == 0 and out.splitlines()[0].split() == ["NAME", "KIND", "STATE", "CREATED", "AT"]
+    assert out.splitlines()[1].split()[:2] == ["s1", "memory"], out
+    code, out, err = await cli.run_async("instance", "revert", "snap-src", "s1", "-o", "json")
+    assert code == 0 and json.loads(out)["state"] == "running", (out, err)
+    code, out, err = await cli.run_async("instance", "revert", "snap-src", "nope")
+    assert code == 3, (out, err)
+    # a clone without waiting gives its operation; operation get --wait follows it
+    code, out, err = await cli.run_async(
+        "instance", "clone", "snap-src", "snap-copy", "--snapshot", "s1", "--no-wait", "-o", "json"
+    )
+    assert code == 0, (out, err)
+    op = json.loads(out)
+    assert op["kind"] == "provision" and op["subject_id"] == "snap-copy", op
+    code, out, err = await cli.run_async("operation", "get", op["id"], "--wait", "-o", "json")
+    assert code == 0 and json.loads(out)["state"] == "succeeded", (out, err)
+    code, out, err = await cli.run_async(
+        "operation", "list", "--subject", "snap-copy", "-o", "json"
+    )
+    assert [o["id"] for o in json.loads(out)["items"]] == [op["id"]], out
+    code, out, err = await cli.run_async("operation", "get", op["id"])  # a table, sub-tables
+    assert code == 0 and "stages" in out and "name=" not in out, out
+    code, out, err = await cli.run_async("operation", "get", "no-such-operation")
+    assert code == 3, (out, err)
+
+
+async def test_pool_create_list_delete(fleet_server: Running, cli: Sandboxctl) -> None:
+    r = fleet_server
+    async with AsyncClient(r.url, r.admin_token) as c:
+        await built(c)
+    code, out, err = await cli.run_async("pool", "create", "--size", "1", "-o", "json")
+    assert code == 0, (out, err)
+    op = json.loads(out)
+    assert op["kind"] == "pool-prepare" and op["state"] == "succeeded", op
+    key = op["subject_id"]
+    deadline = time.monotonic() + 60
+    while True:  # the fleet fills the pool after the operation
+        code, out, err = await cli.run_async("pool", "list")
+        assert code == 0 and out.splitlines()[0].split()[:3] == ["KEY", "IMAGE", "LOADOUT"], out
+        row = next(line.split() for line in out.splitlines() if line.startswith(key))
+        if row[5] == "1" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert row[2:6] == ["minimal", "isolated", "1", "1"], out  # size 1, one VM ready
+    code, out, err = await cli.run_async("pool", "delete", key)
+    assert code == 0 and out.strip() == f"deleted pool {key}", (out, err)
+    code, out, err = await cli.run_async("pool", "list", "-o", "json")
+    assert json.loads(out) == {"items": []}
+    code, out, err = await cli.run_async("pool", "delete", key)
+    assert code == 3, (out, err)
+
+
+FLEET_VERBS = {
+    "instance create",
+    "instance start",
+    "instance stop",
+    "instance restart",
+    "instance force-off",
+    "instance suspend",
+    "instance resume",
+    "instance delete",
+    "instance snapshot",
+    "instance snapshots",
+    "instance revert",
+    "instance clone",
+    "instance console",
+    "instance ssh",
+    "operation get",
+    "operation cancel",
+    "pool create",
+    "pool list",
+    "pool delete",
+    "image build",
+    "image list",
+    "host add",
+    "host list",
+    "loadout list",
+    "loadout show",
+}
+
+
+async def test_fleet_verbs_work_with_global_options_in_any_position(
+    fleet_server: Running, tmp_path: Path
+) -> None:
+    r = fleet_server
+    names = itertools.count()
+    ctl = Sandboxctl(f"http://127.0.0.1:{free_port()}", r.admin_token, tmp_path / "pos")
+    async with AsyncClient(r.url, r.admin_token) as c:
+        await built(c)
+        src = await vm(c, "pos-src")
+        await c.snapshots.create(src, "base", memory=True)
+        (first_op,) = await c.operations.list(subject_id=src)
+
+        def fresh_vm(then: str | None = None) -> Callable[[], Awaitable[list[str]]]:
+            async def make() -> list[str]:
+                iid = await vm(c, f"pos-{next(names)}")
+                if then is not None:
+                    await c.instances.action(iid, then)  # type: ignore[arg-type]
+                return [iid]
+
+            return make
+
+        async def fresh_pool() -> list[str]:
+            op = await c.operations.wait(await c.pools.create(size=1, network="nat"))
+            return [op.subject_id]
+
+        cases = [
+            Case(
+                "instance create",
+                lambda: [f"pos-new-{next(names)}", "--memory", "256", "--disk", "2"],
+            ),
+            Case("instance start", fresh_vm("force-off")),
+            Case("instance stop", fresh_vm()),
+            Case("instance restart", fresh_vm()),
+            Case("instance force-off", fresh_vm()),
+            Case("instance suspend", fresh_vm()),
+            Case("instance resume", fresh_vm("suspend")),
+            Case("instance delete", fresh_vm(), False, lambda out: out.startswith("deleted ")),
+            Case("instance snapshot", lambda: [src, f"snap-{next(names)}", "--memory"]),
+            Case("instance snapshots", lambda: [src]),
+            Case("instance revert", lambda: [src, "base"]),
+            Case("instance clone", lambda: [src, f"pos-c{next(names)}", "--snapshot", "base"]),
+            Case("instance console", lambda: [src], False),
+            Case("instance ssh", lambda: [src, "true"], False, code=255),  # nothing listens
+            Case("operation get", lambda: [first_op.id]),
+            Case("operation cancel", lambda: [first_op.id]),
+            Case("pool create", lambda: ["--size", "1"]),
+            Case("pool list", lambda: []),
+            Case("pool delete", fresh_pool, False, lambda out: out.startswith("deleted pool ")),
+            Case("image build", lambda: [RECIPE]),
+            Case("image list", lambda: []),
+            Case("host add", lambda: [f"h{next(names)}", node_uri(tmp_path, f"h{next(names)}")]),
+            Case("host list", lambda: []),
+            Case("loadout list", lambda: []),
+            Case("loadout show", lambda: ["minimal"]),
+        ]
+        assert {case.verb for case in cases} == FLEET_VERBS
+        assert all_verbs() - CONFIG_VERBS == FLEET_VERBS | NON_FLEET_VERBS
+        for case in cases:
+            await run_both_ways(ctl, r.url, case)
+            for inst in await c.instances.list():  # the node is small: room for the next
+                if inst.id != src:
+                    await c.instances.delete(inst.id)

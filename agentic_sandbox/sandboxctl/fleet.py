@@ -1,0 +1,316 @@
+"""Verbs of the fleet: instance, operation, pool, image, host, loadout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
+from agentic_sandbox.sandboxctl.exec import instance_exec
+from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_OK, CliError
+from agentic_sandbox.sandboxctl.output import doc, emit, progress
+from agentic_sandbox.sandboxctl.parsing import Nouns, kv, wait_options
+from agentic_sandbox.sdk import (
+    ApiError,
+    AsyncClient,
+    Forbidden,
+    Operation,
+    OperationFailed,
+    Unauthorized,
+)
+
+INSTANCE_COLS = ["id", "state", "agent_state", "host", "loadout", "vcpus", "memory_mib", "owner"]
+OPERATION_COLS = ["id", "kind", "subject_id", "state", "stage", "progress", "created_at"]
+SNAPSHOT_COLS = ["name", "kind", "state", "created_at"]
+POOL_COLS = ["key", "image", "loadout", "network", "size", "ready", "last_error"]
+
+
+# ---- operations --------------------------------------------------------------------------------
+def _table_view(op: dict[str, Any]) -> dict[str, Any]:
+    """An operation for a table: long diagnostics become a pointer to the full output."""
+    error = op.get("error")
+    if not isinstance(error, dict) or not error.get("diagnostics"):
+        return op
+    lines = str(error["diagnostics"]).count("\n") + 1
+    brief = {**error, "diagnostics": f"{lines} lines (shown with -o yaml or -o json)"}
+    return {**op, "error": brief}
+
+
+def emit_operation(op: Operation, fmt: str) -> None:
+    emit(_table_view(op.to_dict()) if fmt == "table" else op.to_dict(), fmt)
+
+
+async def follow_operation(
+    c: AsyncClient, op: Operation, fmt: str, *, wait: bool = True, show: bool = True
+) -> int:
+    """Without `wait`, print the operation as it is. Else follow it to its end with a
+    progress line on stderr, then print it; a failed or canceled one also prints its stage
+    and cause on stderr and exits non-zero."""
+    if not wait:
+        emit_operation(op, fmt)
+        return EXIT_OK
+    with progress(f"{op.kind} {op.subject_id}") as update:
+
+        def on_progress(now: Operation) -> None:
+            update(now.stage or now.state, float(now.progress or 0.0))
+
+        op = await c.operations.wait(op, progress=on_progress, check=False)
+        if op.state == "succeeded":
+            update("done", 1.0)
+    if show or op.state != "succeeded":
+        emit_operation(op, fmt)
+    if op.state != "succeeded":
+        raise CliError(str(OperationFailed(op)))
+    return EXIT_OK
+
+
+async def operation_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    ops = await c.operations.list(subject_id=a.subject, state=a.state, limit=a.limit)
+    emit(doc(ops), a.output, OPERATION_COLS)
+
+
+async def operation_get(c: AsyncClient, a: argparse.Namespace) -> int:
+    return await follow_operation(c, await c.operations.get(a.id), a.output, wait=a.wait)
+
+
+async def operation_cancel(c: AsyncClient, a: argparse.Namespace) -> int:
+    op = await c.operations.cancel(a.id)
+    if not a.wait:
+        emit_operation(op, a.output)
+        return EXIT_OK
+    op = await c.operations.wait(op, check=False)
+    emit_operation(op, a.output)
+    return EXIT_OK
+
+
+# ---- instances ---------------------------------------------------------------------------------
+async def instance_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.instances.list(state=a.state, host=a.host)), a.output, INSTANCE_COLS)
+
+
+async def instance_get(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.instances.get(a.id)), a.output)
+
+
+async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
+    spec: dict[str, Any] = {
+        "image": a.image,
+        "loadout": a.loadout,
+        "from_snapshot": a.from_snapshot,
+        "network": a.network,
+        "cpus": a.cpus,
+        "memory_mib": a.memory,
+        "disk_gib": a.disk,
+    }
+    if a.ssh_key:
+        spec["ssh_keys"] = [Path(p).expanduser().read_text().strip() for p in a.ssh_key]
+    try:
+        op = await c.instances.create(a.id, **spec)
+    except ApiError as exc:
+        recipe = exc.problem.get("recipe") if exc.code == "image-not-built" else None
+        if recipe is None or a.no_build:
+            raise
+        await build_first(c, str(recipe), exc)
+        op = await c.instances.create(a.id, **spec)
+    return await follow_operation(c, op, a.output, wait=a.wait)
+
+
+async def build_first(c: AsyncClient, recipe: str, refusal: ApiError) -> None:
+    """A create on a server that has not built its image yet: build it (what `image build`
+    does, with the same progress line), then the create goes on."""
+    print(
+        f"image {recipe} is not built yet: building it first (`sandboxctl image build {recipe}`;"
+        " ~90 s the first time, cached after)",
+        file=sys.stderr,
+    )
+    try:
+        op = await c.images.build(recipe)
+    except (Unauthorized, Forbidden):
+        raise CliError(
+            f"{refusal}\nbuilding an image needs the admin role: ask an admin to run "
+            f"`sandboxctl image build {recipe}`",
+            EXIT_AUTH,
+        ) from None
+    await follow_operation(c, op, "table", show=False)
+    print(f"image {recipe} is built", file=sys.stderr)
+
+
+async def instance_action(c: AsyncClient, a: argparse.Namespace) -> None:
+    body = {"grace_seconds": a.grace} if getattr(a, "grace", None) is not None else {}
+    emit(doc(await c.instances.action(a.id, a.verb, **body)), a.output)
+
+
+async def instance_delete(c: AsyncClient, a: argparse.Namespace) -> None:
+    await c.instances.delete(a.id)
+    print(f"deleted {a.id}")
+
+
+async def instance_snapshot(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.snapshots.create(a.id, a.name, memory=a.memory)), a.output)
+
+
+async def instance_snapshots(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.snapshots.list(a.id)), a.output, SNAPSHOT_COLS)
+
+
+async def instance_revert(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.snapshots.revert(a.id, a.snapshot)), a.output)
+
+
+async def instance_clone(c: AsyncClient, a: argparse.Namespace) -> int:
+    op = await c.instances.clone(a.id, a.new_id, snapshot=a.snapshot)
+    return await follow_operation(c, op, a.output, wait=a.wait)
+
+
+async def instance_console(c: AsyncClient, a: argparse.Namespace) -> None:
+    sys.stdout.write((await c.instances.console(a.id, tail=a.tail)).text)
+
+
+async def instance_ssh(c: AsyncClient, a: argparse.Namespace) -> int:
+    port = (await c.instances.get(a.id)).ssh_port
+    if not port:
+        raise CliError(f"instance {a.id} has no SSH forward")
+    argv = ["ssh", "-p", str(port), "-o", "StrictHostKeyChecking=accept-new", "agent@127.0.0.1"]
+    os.execvp("ssh", [*argv, *a.command])
+    return EXIT_OK  # not reached
+
+
+# ---- pools, images, hosts, loadouts ------------------------------------------------------------
+async def pool_create(c: AsyncClient, a: argparse.Namespace) -> int:
+    op = await c.pools.create(image=a.image, loadout=a.loadout, network=a.network, size=a.size)
+    return await follow_operation(c, op, a.output, wait=a.wait)
+
+
+async def pool_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.pools.list()), a.output, POOL_COLS)
+
+
+async def pool_delete(c: AsyncClient, a: argparse.Namespace) -> None:
+    await c.pools.delete(a.key)
+    print(f"deleted pool {a.key}")
+
+
+async def image_build(c: AsyncClient, a: argparse.Namespace) -> int:
+    return await follow_operation(c, await c.images.build(a.recipe), a.output, wait=a.wait)
+
+
+async def image_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(
+        doc(await c.images.list()), a.output, ["name", "kind", "state", "size_bytes", "created_at"]
+    )
+
+
+async def host_add(c: AsyncClient, a: argparse.Namespace) -> None:
+    host = await c.hosts.add(a.name, a.uri, labels=kv(a.label or [], "--label"))
+    emit(doc(host), a.output)
+
+
+async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(
+        doc(await c.hosts.list()),
+        a.output,
+        ["name", "uri", "state", "labels", "free_memory_mib", "instances"],
+    )
+
+
+async def loadout_list(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.loadouts.list()), a.output, ["name", "description", "network"])
+
+
+async def loadout_show(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.loadouts.get(a.name)), a.output if a.output != "table" else "yaml")
+
+
+# ---- the parser --------------------------------------------------------------------------------
+def register(nouns: Nouns) -> None:
+    verb = nouns.verb
+    g = nouns.noun("instance", "VMs")
+    v = verb(g, "list", instance_list, "list instances")
+    v.add_argument("--state")
+    v.add_argument("--host")
+    verb(g, "get", instance_get, "show one instance").add_argument("id")
+    v = verb(g, "create", instance_create, "provision an instance (waits for ready)")
+    v.add_argument("id")
+    v.add_argument("--image")
+    v.add_argument("--loadout")
+    v.add_argument("--from-snapshot", help="INSTANCE/SNAPSHOT to restore from")
+    v.add_argument("--network", choices=["isolated", "nat"])
+    v.add_argument("--cpus", type=int)
+    v.add_argument("--memory", type=int, help="MiB")
+    v.add_argument("--disk", type=int, help="GiB")
+    v.add_argument("--ssh-key", action="append", help="public key file (repeatable)")
+    wait_options(v, "the provisioning")
+    v.add_argument(
+        "--no-build",
+        action="store_true",
+        help="fail instead of building the image first when it is not built yet",
+    )
+    for name in ("start", "stop", "restart", "force-off", "suspend", "resume"):
+        v = verb(g, name, instance_action, f"{name} an instance")
+        v.add_argument("id")
+        if name == "stop":
+            v.add_argument("--grace", type=float, help="seconds before forcing off")
+    verb(g, "delete", instance_delete, "delete an instance and its disks").add_argument("id")
+    v = verb(g, "snapshot", instance_snapshot, "snapshot an instance")
+    v.add_argument("id")
+    v.add_argument("name")
+    v.add_argument("--memory", action="store_true", help="include memory state")
+    verb(g, "snapshots", instance_snapshots, "list an instance's snapshots").add_argument("id")
+    v = verb(g, "revert", instance_revert, "revert an instance to one of its snapshots")
+    v.add_argument("id")
+    v.add_argument("snapshot")
+    v = verb(g, "clone", instance_clone, "clone an instance from one of its snapshots")
+    v.add_argument("id")
+    v.add_argument("new_id")
+    v.add_argument("--snapshot", required=True)
+    wait_options(v, "the clone")
+    v = verb(g, "console", instance_console, "print the serial console log")
+    v.add_argument("id")
+    v.add_argument("--tail", type=int, default=200, help="lines")
+    v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
+    exec_arguments(v)
+    v = verb(g, "ssh", instance_ssh, "ssh to the instance through its loopback forward")
+    v.add_argument("id")
+    v.add_argument("command", nargs="*")
+
+    g = nouns.noun("operation", "long-running work: provisioning, clones, image builds, pools")
+    v = verb(g, "list", operation_list, "list operations, newest first")
+    v.add_argument("--subject", help="instance, image or pool the operation is about")
+    v.add_argument("--state", choices=["running", "succeeded", "failed", "canceled"])
+    v.add_argument("--limit", type=int, default=100)
+    v = verb(g, "get", operation_get, "show an operation (--wait follows it to its end)")
+    v.add_argument("id")
+    v.add_argument("--wait", action="store_true", help="follow it to its end with progress")
+    v = verb(g, "cancel", operation_cancel, "cancel a running operation")
+    v.add_argument("id")
+    v.add_argument("--wait", action="store_true", help="wait until it has stopped")
+
+    g = nouns.noun("pool", "warm pools: paused VMs ready to hand out")
+    v = verb(g, "create", pool_create, "prepare (or resize) a pool for image + loadout + network")
+    v.add_argument("--image")
+    v.add_argument("--loadout")
+    v.add_argument("--network", choices=["isolated", "nat"])
+    v.add_argument("--size", type=int)
+    wait_options(v, "the preparation")
+    verb(g, "list", pool_list, "list pools and how many VMs each has ready")
+    verb(g, "delete", pool_delete, "drain and remove a pool").add_argument("key")
+
+    g = nouns.noun("image", "guest images")
+    v = verb(g, "build", image_build, "build (or reuse) an image from a recipe")
+    v.add_argument("recipe")
+    wait_options(v, "the build")
+    verb(g, "list", image_list, "list images")
+
+    g = nouns.noun("host", "hypervisor hosts")
+    v = verb(g, "add", host_add, "add a host by libvirt URI")
+    v.add_argument("name")
+    v.add_argument("uri")
+    v.add_argument("--label", action="append", help="KEY=VALUE (repeatable)")
+    verb(g, "list", host_list, "list hosts")
+
+    g = nouns.noun("loadout", "instance profiles")
+    verb(g, "list", loadout_list, "list loadouts")
+    verb(g, "show", loadout_show, "show a resolved loadout").add_argument("name")

@@ -1,0 +1,422 @@
+"""The fleet: instances (with lifecycle, snapshots and clones), pools, images, hosts,
+loadouts and agents."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Literal
+
+from agentic_sandbox.sdk.errors import SandboxError
+from agentic_sandbox.sdk.models import (
+    Agent,
+    Console,
+    EnrollmentToken,
+    ExecResult,
+    Host,
+    HostInstance,
+    Image,
+    Instance,
+    Loadout,
+    Operation,
+    Pool,
+    Snapshot,
+)
+from agentic_sandbox.sdk.operations import ADMIN, AsyncOperations, Progress, Resource
+from agentic_sandbox.sdk.transport import Transport
+
+Network = Literal["isolated", "nat"]
+Action = Literal["start", "stop", "restart", "force-off", "suspend", "resume"]
+DEAD_STATES = frozenset({"crashed", "lost", "failed"})
+
+
+def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _exec_body(
+    argv: Sequence[str],
+    stdin: bytes | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    user: str | None,
+    timeout_seconds: float | None,
+    memory_mib: int | None,
+    cpus: float | None,
+    pids: int | None,
+    output_bytes: int | None,
+) -> dict[str, Any]:
+    budget = _drop_none(
+        {
+            "timeout_seconds": timeout_seconds,
+            "memory_mib": memory_mib,
+            "cpus": cpus,
+            "pids": pids,
+            "output_bytes": output_bytes,
+        }
+    )
+    body: dict[str, Any] = _drop_none(
+        {"argv": list(argv), "env": dict(env) if env else None, "cwd": cwd, "user": user}
+    )
+    body["budget"] = budget
+    if stdin is not None:
+        body["stdin_base64"] = base64.b64encode(stdin).decode()
+    return body
+
+
+class AsyncInstances(Resource):
+    """Instances, and commands run on them over their agent link (`exec`, `exec_stream`).
+    Where the other sandbox-boundary calls go once the server has their routes: files and
+    ports as resources of their own (`client.files`: upload, download, list, stat, remove over
+    `…/instances/{id}/files`; `client.ports`: forward a local port over `…/ports/{port}`), each
+    with its `Client` facade line in `sync.py`."""
+
+    def __init__(self, transport: Transport, operations: AsyncOperations) -> None:
+        super().__init__(transport)
+        self._ops = operations
+
+    async def create(
+        self,
+        instance_id: str,
+        *,
+        image: str | None = None,
+        loadout: str | None = None,
+        from_snapshot: str | None = None,
+        from_pool: bool | None = None,
+        cpus: int | None = None,
+        memory_mib: int | None = None,
+        disk_gib: int | None = None,
+        network: Network | None = None,
+        ssh_keys: Sequence[str] | None = None,
+        host: str | None = None,
+        host_labels: Mapping[str, str] | None = None,
+        start: bool | None = None,
+        wait_ready: bool | None = None,
+        ready_timeout_seconds: float | None = None,
+        loadout_spec: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """Start provisioning; the answer is the operation (follow it with `wait_ready`).
+        `from_snapshot` is `INSTANCE/SNAPSHOT` (a memory snapshot restored under a new id)."""
+        resources = _drop_none({"cpus": cpus, "memory_mib": memory_mib, "disk_gib": disk_gib})
+        body = _drop_none(
+            {
+                "id": instance_id,
+                "image": image,
+                "loadout": loadout,
+                "from_snapshot": from_snapshot,
+                "from_pool": from_pool,
+                "resources": resources or None,
+                "network": network,
+                "ssh_keys": list(ssh_keys) if ssh_keys is not None else None,
+                "host": host,
+                "host_labels": dict(host_labels) if host_labels is not None else None,
+                "start": start,
+                "wait_ready": wait_ready,
+                "ready_timeout_seconds": ready_timeout_seconds,
+                "loadout_spec": dict(loadout_spec) if loadout_spec is not None else None,
+            }
+        )
+        return await self._t.model(Operation, "POST", f"{ADMIN}/instances", json_body=body)
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        host: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+    ) -> list[Instance]:
+        params = {"state": state, "host": host, "owner": owner, "limit": limit}
+        return await self._t.items(Instance, f"{ADMIN}/instances", params)
+
+    async def get(self, instance_id: str) -> Instance:
+        return await self._t.model(Instance, "GET", f"{ADMIN}/instances/{instance_id}")
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete the instance: its domain, disks, seed, ports and record."""
+        await self._t.request("DELETE", f"{ADMIN}/instances/{instance_id}")
+
+    async def action(self, instance_id: str, action: Action, **body: Any) -> Instance:
+        """A lifecycle action by name (what `start`, `stop`, … call)."""
+        return await self._t.model(
+            Instance, "POST", f"{ADMIN}/instances/{instance_id}/{action}", json_body=body
+        )
+
+    async def start(self, instance_id: str) -> Instance:
+        return await self.action(instance_id, "start")
+
+    async def stop(self, instance_id: str, *, grace_seconds: float | None = None) -> Instance:
+        """Shut down gracefully, forcing off after the grace period."""
+        return await self.action(
+            instance_id, "stop", **_drop_none({"grace_seconds": grace_seconds})
+        )
+
+    async def restart(self, instance_id: str) -> Instance:
+        return await self.action(instance_id, "restart")
+
+    async def force_off(self, instance_id: str) -> Instance:
+        return await self.action(instance_id, "force-off")
+
+    async def suspend(self, instance_id: str) -> Instance:
+        return await self.action(instance_id, "suspend")
+
+    async def resume(self, instance_id: str) -> Instance:
+        return await self.action(instance_id, "resume")
+
+    async def clone(
+        self,
+        instance_id: str,
+        new_id: str,
+        *,
+        snapshot: str,
+        ssh_keys: Sequence[str] | None = None,
+        wait_ready: bool | None = None,
+    ) -> Operation:
+        """A new instance from one of this instance's memory snapshots (an operation)."""
+        body = _drop_none(
+            {
+                "new_id": new_id,
+                "snapshot": snapshot,
+                "ssh_keys": list(ssh_keys) if ssh_keys is not None else None,
+                "wait_ready": wait_ready,
+            }
+        )
+        return await self._t.model(
+            Operation, "POST", f"{ADMIN}/instances/{instance_id}/clone", json_body=body
+        )
+
+    async def console(self, instance_id: str, *, tail: int | None = None) -> Console:
+        """The serial console log's tail (`tail` lines)."""
+        return await self._t.model(
+            Console, "GET", f"{ADMIN}/instances/{instance_id}/console", params={"tail": tail}
+        )
+
+    async def exec(
+        self,
+        instance_id: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_seconds: float | None = None,
+        memory_mib: int | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        output_bytes: int | None = None,
+        output_encoding: Literal["text", "base64"] = "text",
+    ) -> ExecResult:
+        """Run `argv` (no shell unless it names one) within the budget (each value lowers the
+        loadout's, never past its ceiling) and answer once it ends."""
+        body = _exec_body(
+            argv, stdin, env, cwd, user, timeout_seconds, memory_mib, cpus, pids, output_bytes
+        )
+        body["output_encoding"] = output_encoding
+        return await self._t.model(
+            ExecResult, "POST", f"{ADMIN}/instances/{instance_id}/exec", json_body=body
+        )
+
+    async def exec_stream(
+        self,
+        instance_id: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_seconds: float | None = None,
+        memory_mib: int | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        output_bytes: int | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The command's events as they come: `{"type": "started", …}`, then
+        `{"type": "stdout"|"stderr", "data": <base64>}`, then `{"type": "exit", …}` (the
+        fields of `ExecResult`) — or `{"type": "error", "status", "code", "detail"}` when it
+        could not finish (the link was lost, the credential revoked). Stopping the iteration
+        stops the command."""
+        body = _exec_body(
+            argv, stdin, env, cwd, user, timeout_seconds, memory_mib, cpus, pids, output_bytes
+        )
+        body["output_encoding"] = "base64"
+        path = f"{ADMIN}/instances/{instance_id}/exec/stream"
+        async for line in self._t.ndjson("POST", path, json_body=body):
+            yield line
+
+    async def wait_ready(
+        self,
+        target: Operation | str,
+        *,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> Instance:
+        """Until the instance runs with its agent connected. `target` is the operation a
+        create or clone returned (followed to its end first; a failure raises
+        `OperationFailed` naming the stage and cause) or an instance id (its provisioning
+        operation, if one is running, is followed the same way)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if isinstance(target, Operation):
+            instance_id = target.subject_id
+            await self._ops.wait(target, timeout=left(), progress=progress)
+        else:
+            instance_id = target
+            ops = await self._ops.list(subject_id=instance_id, limit=5)
+            pending = [op for op in ops if not op.done]
+            if pending:
+                await self._ops.wait(pending[0], timeout=left(), progress=progress)
+        delay = 0.1
+        while True:
+            inst = await self.get(instance_id)
+            if inst.ready:
+                return inst
+            if inst.state in DEAD_STATES:
+                raise SandboxError(
+                    f"instance {instance_id} is {inst.state}: {inst.state_reason or 'no reason'}"
+                )
+            remaining = left()
+            if remaining is not None and remaining < delay:
+                raise TimeoutError(
+                    f"instance {instance_id} is {inst.state}, agent {inst.agent_state}, "
+                    f"after {timeout}s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    # ---- agents on the control host (development, tests) ------------------------------------
+    async def register_host(self, instance_id: str, *, description: str = "") -> HostInstance:
+        """An instance record for an agent-client that runs on the control host."""
+        body = {"instance_id": instance_id, "description": description}
+        return await self._t.model(
+            HostInstance, "POST", f"{ADMIN}/agents/host-instances", json_body=body
+        )
+
+    async def enrollment_token(
+        self, instance_id: str, *, ttl_seconds: int | None = None
+    ) -> EnrollmentToken:
+        """A one-time token the instance's agent enrolls with (shown once)."""
+        return await self._t.model(
+            EnrollmentToken,
+            "POST",
+            f"{ADMIN}/instances/{instance_id}/enrollment-tokens",
+            json_body=_drop_none({"ttl_seconds": ttl_seconds}),
+        )
+
+
+class AsyncSnapshots(Resource):
+    async def create(
+        self, instance_id: str, name: str, *, memory: bool = False, description: str = ""
+    ) -> Snapshot:
+        """With `memory`, the snapshot can be reverted to and cloned from."""
+        body = {"name": name, "memory": memory, "description": description}
+        return await self._t.model(
+            Snapshot, "POST", f"{ADMIN}/instances/{instance_id}/snapshots", json_body=body
+        )
+
+    async def list(self, instance_id: str) -> list[Snapshot]:
+        return await self._t.items(Snapshot, f"{ADMIN}/instances/{instance_id}/snapshots")
+
+    async def revert(self, instance_id: str, name: str) -> Instance:
+        return await self._t.model(
+            Instance, "POST", f"{ADMIN}/instances/{instance_id}/snapshots/{name}/revert"
+        )
+
+    async def delete(self, instance_id: str, name: str) -> None:
+        await self._t.request("DELETE", f"{ADMIN}/instances/{instance_id}/snapshots/{name}")
+
+
+class AsyncPools(Resource):
+    async def create(
+        self,
+        *,
+        image: str | None = None,
+        loadout: str | None = None,
+        network: Network | None = None,
+        size: int | None = None,
+    ) -> Operation:
+        """Prepare (or resize) the warm pool of image + loadout + network (an operation)."""
+        body = _drop_none({"image": image, "loadout": loadout, "network": network, "size": size})
+        return await self._t.model(Operation, "POST", f"{ADMIN}/pools", json_body=body)
+
+    async def list(self) -> list[Pool]:
+        return await self._t.items(Pool, f"{ADMIN}/pools")
+
+    async def delete(self, key: str) -> None:
+        """Drain and remove a pool."""
+        await self._t.request("DELETE", f"{ADMIN}/pools/{key}")
+
+
+class AsyncImages(Resource):
+    async def build(self, recipe: str) -> Operation:
+        """Build an image from a recipe (an operation; a cached build is reused at once)."""
+        return await self._t.model(
+            Operation, "POST", f"{ADMIN}/images", json_body={"recipe": recipe}
+        )
+
+    async def list(self) -> list[Image]:
+        return await self._t.items(Image, f"{ADMIN}/images")
+
+    async def delete(self, name: str) -> None:
+        await self._t.request("DELETE", f"{ADMIN}/images/{name}")
+
+
+class AsyncHosts(Resource):
+    async def add(
+        self,
+        name: str,
+        uri: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        capacity_vcpus: int | None = None,
+        capacity_memory_mib: int | None = None,
+        ssh_port_range: tuple[int, int] | None = None,
+    ) -> Host:
+        body = _drop_none(
+            {
+                "name": name,
+                "uri": uri,
+                "labels": dict(labels or {}),
+                "capacity_vcpus": capacity_vcpus,
+                "capacity_memory_mib": capacity_memory_mib,
+                "ssh_port_range": list(ssh_port_range) if ssh_port_range else None,
+            }
+        )
+        return await self._t.model(Host, "POST", f"{ADMIN}/hosts", json_body=body)
+
+    async def list(self) -> list[Host]:
+        return await self._t.items(Host, f"{ADMIN}/hosts")
+
+    async def get(self, name: str) -> Host:
+        return await self._t.model(Host, "GET", f"{ADMIN}/hosts/{name}")
+
+    async def remove(self, name: str, *, force: bool = False) -> None:
+        """Refused while the host has instances, unless `force`."""
+        params = {"force": True} if force else None
+        await self._t.request("DELETE", f"{ADMIN}/hosts/{name}", params=params)
+
+
+class AsyncLoadouts(Resource):
+    """Loadouts as the server has them today (resolved files); versioned loadouts (`apply`,
+    `versions`, `activate` with the expected version) join here with their routes."""
+
+    async def list(self) -> list[Loadout]:
+        return await self._t.items(Loadout, f"{ADMIN}/loadouts")
+
+    async def get(self, name: str) -> Loadout:
+        """One loadout, resolved (`extends` applied)."""
+        return await self._t.model(Loadout, "GET", f"{ADMIN}/loadouts/{name}")
+
+
+class AsyncAgents(Resource):
+    async def list(self) -> list[Agent]:
+        return await self._t.items(Agent, f"{ADMIN}/agents")
+
+    async def get(self, instance_id: str) -> Agent:
+        return await self._t.model(Agent, "GET", f"{ADMIN}/agents/{instance_id}")
