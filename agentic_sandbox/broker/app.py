@@ -92,7 +92,6 @@ async def build_services(settings: Settings) -> Services:
     )
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)
-    provide_writer_metrics(metrics, [events.writer, audit.writer])
     streams = LiveStreams(max_per_credential=settings.streams_max_per_credential)
     svc = Services(
         settings=settings,
@@ -114,7 +113,9 @@ async def build_services(settings: Settings) -> Services:
         streams=streams,
         server_id=secrets.token_hex(6),
         started_at=dt.datetime.now(dt.UTC),
+        writers=[events.writer, audit.writer],
     )
+    provide_writer_metrics(metrics, svc.writers)
     svc.readiness["storage"] = StorageHealth(db, data_dir).check
     svc.incarnations.on_end("api-keys and shares", svc.auth.end_incarnation)
     svc.incarnations.on_end("secret bindings", svc.vault.end_incarnation)

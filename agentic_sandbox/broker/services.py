@@ -19,7 +19,7 @@ from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import Incarnations
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.observability.metrics import Metrics
+from agentic_sandbox.broker.observability.metrics import Metrics, WriterStats
 from agentic_sandbox.broker.secrets.vault import Vault
 from agentic_sandbox.broker.store import Database
 
@@ -42,6 +42,8 @@ class Services:
     server_id: str
     started_at: dt.datetime
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
+    # the write-behind writers whose backlog and drops are metrics (a component adds its own)
+    writers: list[WriterStats] = field(default_factory=list)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -125,6 +125,7 @@ class SessionHub:
         self._sessions = SessionTable(svc.metrics)
         self.recordings = RecordingStore(svc.settings)
         self.rows = SessionRows(svc.db)
+        svc.writers.append(self.rows.writer)  # its backlog and drops are metrics too
         self.output = OutputPipeline(svc.settings, svc.metrics, svc.events)
         self.lifecycle = Lifecycle(svc.metrics, svc.events, svc.audit, self.rows, self.output)
         self.commands = AgentCommands(svc.settings, svc.metrics, self.rows)

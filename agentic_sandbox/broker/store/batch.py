@@ -1,7 +1,7 @@
 """Write-behind: callers hand rows over without waiting; one task writes them in batches.
 
-A `BatchWriter` is the one write-behind loop of the server (the event log, the audit log; the
-session hub's row updates are meant to plug in too). What it promises:
+A `BatchWriter` is the one write-behind loop of the server (the event log, the audit log, the
+session hub's row updates). What it promises:
 
 - **Bounded.** At most `limit` items wait (queued plus the batch being written). When full,
   the oldest item *not being written* is dropped and counted in `dropped` (`on_drop` hears of
