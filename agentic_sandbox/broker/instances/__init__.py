@@ -6,7 +6,7 @@ link (exec): `instance_to_change` (the instance if the caller may change it, els
 problem) and `LOADOUTS` (the app key of the loadout catalog, absent without a fleet).
 """
 
-from agentic_sandbox.broker.instances.access import instance_to_change
+from agentic_sandbox.broker.instances.api.problems import instance_to_change
 from agentic_sandbox.broker.instances.component import FleetComponent
 from agentic_sandbox.broker.instances.keys import LOADOUTS
 

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from agentic_sandbox.broker.auth.principal import Principal
-from agentic_sandbox.broker.instances.api.problems import instance_problem
-from agentic_sandbox.broker.instances.errors import (
-    FleetUnavailable,
-    ForbiddenError,
-    InstanceError,
-    NotFoundError,
-)
+from agentic_sandbox.broker.instances.errors import FleetUnavailable, ForbiddenError, NotFoundError
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import Fleet
@@ -56,14 +50,6 @@ async def changeable_instance(db: Database, who: Principal, instance_id: str) ->
     row = await visible_instance(db, who, instance_id)
     require_owner_or_admin(who, row)
     return row
-
-
-async def instance_to_change(db: Database, who: Principal, instance_id: str) -> m.Instance:
-    """`changeable_instance` for routes outside the fleet's own: its errors as problems."""
-    try:
-        return await changeable_instance(db, who, instance_id)
-    except InstanceError as exc:
-        raise instance_problem(exc) from None
 
 
 def instance_kind(row: m.Instance) -> str:

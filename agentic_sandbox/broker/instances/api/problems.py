@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.http.problems import (
     ProblemError,
     conflict,
@@ -21,6 +22,7 @@ from agentic_sandbox.broker.http.problems import (
     too_many,
 )
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, Handler
+from agentic_sandbox.broker.instances.access import changeable_instance
 from agentic_sandbox.broker.instances.errors import (
     ConflictError,
     FleetUnavailable,
@@ -30,6 +32,8 @@ from agentic_sandbox.broker.instances.errors import (
     NotFoundError,
     QuotaExceeded,
 )
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import (
     Conflict,
     FleetError,
@@ -75,6 +79,15 @@ def instance_problem(exc: InstanceError) -> ProblemError:
     if isinstance(exc, FleetUnavailable):
         return not_ready(exc.message, retry_after=exc.retry_after)
     raise TypeError(f"no problem for {type(exc).__name__}")  # a new error kind needs a mapping
+
+
+async def instance_to_change(db: Database, who: Principal, instance_id: str) -> m.Instance:
+    """`changeable_instance` for routes outside the fleet's own (exec): its errors as
+    problems."""
+    try:
+        return await changeable_instance(db, who, instance_id)
+    except InstanceError as exc:
+        raise instance_problem(exc) from None
 
 
 def _mapped(fn: Handler) -> Handler:
