@@ -230,6 +230,10 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         Case("completion zsh", lambda: [], False, lambda out: "#compdef sandboxctl" in out),
         Case("instance list", lambda: []),
         Case("instance get", lambda: [iid]),
+        # (no `--`: the options after it would be the command's own)
+        Case(
+            "instance exec", lambda: [iid, "echo", "exec-ok"], False, lambda out: out == "exec-ok\n"
+        ),
         Case("session list", lambda: ["--instance", iid]),
         Case("session new", lambda: [iid]),
         Case("session screen", lambda: [ended]),
@@ -267,6 +271,7 @@ NON_FLEET_VERBS = {
     "completion zsh",
     "instance list",
     "instance get",
+    "instance exec",
     "session list",
     "session new",
     "session screen",
