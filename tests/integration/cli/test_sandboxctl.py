@@ -116,6 +116,7 @@ def test_attach_is_a_real_terminal(
 ) -> None:
     """Drive `sandboxctl session attach` through a PTY (as a person would) and detach."""
     import ptyprocess as pexpect  # the agent's own dependency, always installed
+
     s = sandbox_server
     agent = agent_factory(s)
     sid = s.ok(
