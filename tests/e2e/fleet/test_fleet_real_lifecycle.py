@@ -53,9 +53,7 @@ async def test_boot_snapshot_revert_clone_pool_delete(real: RealEnv) -> None:
     captured_at = ticks(await f.read_serial_log("real-a"))[-1]
     state = await f.capture_state("real-a", "tiny-golden")
     assert (await f.get("real-a")).state is InstanceState.SHUTOFF
-    t0 = time.monotonic()
     clone = await f.clone_from_state("tiny-golden", CloneSpec(instance_id="real-clone"))
-    restore_s = time.monotonic() - t0
     assert clone.state is InstanceState.RUNNING and clone.record.domain == "sbx-real-clone"
     _, cdata = await wait_log(f, "real-clone", rb"SBX-TICK \d+")
     assert ticks(cdata)[0] >= captured_at - 1  # the guest went on where it was saved
@@ -67,17 +65,13 @@ async def test_boot_snapshot_revert_clone_pool_delete(real: RealEnv) -> None:
     finally:
         conn.close()
     assert clone.record.ssh_port != a.record.ssh_port and port_listening(clone.record.ssh_port)
-    assert restore_s < 10
 
     # warm pool from the same state: the hand-off is a metadata rewrite + resume
     status = await f.configure_pool("tiny", state.state_id, 1, wait=True)
     assert status.ready == 1, status
-    t0 = time.monotonic()
     fast = await f.take_from_pool("tiny", CloneSpec(instance_id="real-fast"))
-    handoff_s = time.monotonic() - t0
     assert fast is not None and fast.state is InstanceState.RUNNING
     await wait_log(f, "real-fast", rb"SBX-TICK \d+")
-    assert handoff_s < 2.0, handoff_s
     await f.drain_pools()
 
     # delete everything: no domain, file or port is left

@@ -103,12 +103,8 @@ def test_second_build_is_a_fast_cache_hit(
     built: tuple[BuiltImage, list[Progress], float],
 ) -> None:
     image, _, _ = built
-    t0 = time.monotonic()
-    again = ImageBuilder(CACHE).build("debian-12-agent")
-    elapsed = time.monotonic() - t0
-    print(f"\ncached reuse: {elapsed * 1000:.0f} ms")
+    again = ImageBuilder(CACHE).build("debian-12-agent")  # (its speed: bench_images.py)
     assert again.cached and again.name == image.name and again.disk == image.disk
-    assert elapsed <= 2.0
 
 
 def test_image_boots_and_cloud_init_runs_the_agent_runtime(

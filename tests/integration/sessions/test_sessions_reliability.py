@@ -90,13 +90,19 @@ async def test_kill9_server_during_flood_then_reattach_is_lossless(
 
 
 async def test_sessions_survive_server_restart_and_exit_while_down(
-    server_factory: ServerFactory, agent_factory: AgentFactory
+    server_factory: ServerFactory, agent_factory: AgentFactory, tmp_path: Path
 ) -> None:
     server = server_factory()
     agent = agent_factory(server)
-    sid = create_session(server, agent.instance_id, ["sh", "-c", "sleep 2; echo finished; exit 5"])
+    marker = tmp_path / "exited"  # the host agent's command writes it on its way out
+    sid = create_session(
+        server, agent.instance_id, ["sh", "-c", f"sleep 2; echo finished; : > {marker}; exit 5"]
+    )
     server.kill9()
-    await asyncio.sleep(3)  # the command exits while the server is down
+    deadline = time.monotonic() + 30
+    while not marker.exists():  # the command exits while the server is down
+        assert time.monotonic() < deadline, "the command did not exit"
+        await asyncio.sleep(0.05)
     server.start()
     info = wait_state(server, sid, ("exited",), timeout=30)
     assert info["exit_code"] == 5
@@ -135,7 +141,9 @@ async def test_stalled_observer_is_dropped_and_the_controller_keeps_flowing(
             members = server.ok("GET", f"/api/v2/admin/sessions/{sid}")["members"]
             assert len(members) == 1, f"the stalled observer is still attached: {members}"
             assert metric(server, "sandbox_session_client_drops_total") >= 1
-            assert max(latencies) < 3.0, latencies
+            # each echo came back (wait_output's deadline) while the observer stalled; how
+            # fast is bench_sessions.py's `stalled` measure, not a limit here
+            assert len(latencies) >= 3, latencies
         finally:
             writer.close()
         await ctl.send_input(b"kill %1\r")

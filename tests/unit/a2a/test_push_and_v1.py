@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -47,6 +47,14 @@ async def receiver() -> AsyncIterator[tuple[str, Receiver]]:
         yield f"http://127.0.0.1:{port}/hook", rec
     finally:
         await runner.cleanup()
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10) -> None:
+    """Poll `check` until it holds (a deadline, not a sleep that is hoped to be enough)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.02)
 
 
 async def _send(agent: Agent, key: str, text: str, push: dict[str, Any] | None = None) -> Any:
@@ -203,7 +211,13 @@ async def test_v1_over_quota_is_429(agent: Agent) -> None:
         agent, "POST", "/api/v1/tasks", alice, json={"instance_id": "vm1", "command": "sleep 60"}
     )
     assert r.status_code == 201
-    await asyncio.sleep(0.1)
+    first = r.json()["id"]
+
+    async def first_runs() -> bool:
+        got = await _v1(agent, "GET", f"/api/v1/tasks/{first}", alice)
+        return bool(got.json()["state"] == "working")
+
+    await _until(first_runs, "the first task is working")
     r = await _v1(
         agent, "POST", "/api/v1/tasks", alice, json={"instance_id": "vm1", "command": "sleep 60"}
     )
@@ -253,7 +267,12 @@ async def test_missions_roll_up(agent: Agent) -> None:
             agent, "POST", "/api/v1/tasks", tok, json={"instance_id": iid, "command": cmd}
         )
         assert r.status_code == 201
-    await asyncio.sleep(0.3)
+
+    async def all_ended() -> bool:
+        doc = (await _v1(agent, "GET", "/api/v2/admin/missions?state=completed,failed")).json()
+        return len(doc["items"]) == 3
+
+    await _until(all_ended, "the three missions end")
     mine = (await _v1(agent, "GET", "/api/v2/admin/missions", alice)).json()
     assert {m["owner"] for m in mine["items"]} == {"alice"}
     assert mine["totals"] == {"completed": 1, "failed": 1}

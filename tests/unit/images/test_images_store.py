@@ -139,7 +139,8 @@ def test_lock_wait_honours_cancel(tmp_path: Path) -> None:
         pass
 
 
-def test_cache_hit_runs_no_tool_and_is_fast(tmp_path: Path) -> None:
+def test_cache_hit_runs_no_tool(tmp_path: Path) -> None:
+    """(How fast a hit is lives in tests/bench/bench_images.py, not here.)"""
     builder = ImageBuilder(
         tmp_path / "cache",
         tools=Tools(
@@ -153,9 +154,7 @@ def test_cache_hit_runs_no_tool_and_is_fast(tmp_path: Path) -> None:
     name = builder.image_name("debian-12-agent")
     publish_fake(builder.store, name, "debian-12-agent")
     seen = []
-    t0 = time.monotonic()
     image = builder.build("debian-12-agent", progress=seen.append)
-    assert time.monotonic() - t0 < 2.0
     assert image.cached and image.name == name
     assert [p.stage for p in seen] == ["cached"] and seen[0].fraction == 1.0
     assert builder.cached("debian-12-agent") is not None
