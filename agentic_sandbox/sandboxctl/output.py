@@ -55,9 +55,21 @@ def _cell(value: Any) -> RenderableType:
         return _fields(value) if value else Text("-")
     if _is_rows(value):
         return _rows(value, _columns_of(value), nested=True)
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return _items(value)
     if isinstance(value, list):
         return Text(", ".join(_scalar(v) for v in value) or "-")
     return Text(_scalar(value))
+
+
+def _items(values: Sequence[Any]) -> Table:
+    """A list that mixes objects, lists and scalars: one item a line, each rendered as a cell."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(no_wrap=True)
+    t.add_column()
+    for v in values:
+        t.add_row(Text("-"), _cell(v))
+    return t
 
 
 def _columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:

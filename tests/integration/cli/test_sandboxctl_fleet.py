@@ -1,6 +1,7 @@
 """sandboxctl against a server with a fleet (libvirt's test driver): `instance create` on a
 server that has no image yet builds it first, a failed create names its stage and cause on
-stderr and exits non-zero, and operations render with readable sub-tables.
+stderr and exits non-zero, and operations (failed and finished), instances and hosts render
+nested values as readable sub-tables.
 
 Two fakes: the server's image builder publishes a small fake image at once instead of running
 debootstrap (real builds are the e2e tier's), and a warm pool's golden VM "prints" cloud-init's
@@ -300,3 +301,102 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             for inst in await c.instances.list():  # the node is small: room for the next
                 if inst.id != src:
                     await c.instances.delete(inst.id)
+
+
+def sections(out: str) -> dict[str, list[list[str]]]:
+    """A fields table by field: a field's words, then each continuation line's (a sub-table's
+    rows are indented under its field)."""
+    found: dict[str, list[list[str]]] = {}
+    current: list[list[str]] = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            key, *rest = line.split()
+            current = found.setdefault(key, [])
+            current.append(rest)
+        else:
+            current.append(line.split())
+    return found
+
+
+def numbers(words: list[str]) -> list[float]:
+    return [float(w) for w in words]
+
+
+async def test_operation_get_and_nested_fields_render_as_sub_tables(
+    fleet_server: Running, cli: Sandboxctl, tmp_path: Path
+) -> None:
+    """`operation get` of a failed and of a finished operation, an instance, and a host with
+    labels (a nested object in a list's rows): sub-tables, the server's values, no repr."""
+    r = fleet_server
+    assert (await cli.run_async("image", "build", RECIPE))[0] == 0
+
+    # ---- a failed operation: its stages with times, its error's stage and cause -------------
+    code, out, err = await cli.run_async(
+        "instance", "create", "vm-big", "--memory", "262144", "-o", "json"
+    )
+    assert code == 1, (out, err)
+    failed = json.loads(out)
+    code, out, err = await cli.run_async("operation", "get", failed["id"])
+    assert code == 0, (out, err)
+    assert not any(c in out for c in "{}[]'\"") and "=" not in out, out
+    got = sections(out)
+    assert got["state"] == [["failed"]] and got["stage"] == [["placing"]], out
+    head, rule, *stage_rows = got["stages"]
+    assert head == ["NAME", "AT", "SECONDS"] and set("".join(rule)) == {"─"}, out
+    assert [row[0] for row in stage_rows] == [s["name"] for s in failed["stages"]], out
+    assert [numbers(row[1:]) for row in stage_rows] == [
+        [round(s["at"], 3), round(s["seconds"], 3)] for s in failed["stages"]
+    ], out
+    assert got["error"][0] == ["stage", "placing"], out
+    assert got["error"][1] == ["cause", *failed["error"]["cause"].split()], out
+    assert got["result"] == [["-"]], out
+
+    # ---- a finished one: its result is a sub-table, with the result's stages inside -------
+    code, out, err = await cli.run_async(
+        "instance", "create", "vm-1", "--memory", "256", "--disk", "2", "-o", "json"
+    )
+    assert code == 0, (out, err)
+    done = json.loads(out)
+    code, out, err = await cli.run_async("operation", "get", done["id"])
+    assert code == 0, (out, err)
+    assert not any(c in out for c in "{}[]'\"") and "=" not in out, out
+    got = sections(out)
+    assert got["state"] == [["succeeded"]] and got["error"] == [["-"]], out
+    names = [row[0] for row in got["stages"][2:]]
+    assert names == [s["name"] for s in done["stages"]], out
+    assert names[0] == "seed" and names[-1] == "ready", out
+    result = got["result"]
+    assert result[0] == ["instance_id", "vm-1"] and ["host", "local"] in result, out
+    assert ["source", "image"] in result, out
+    (nested_at,) = [i for i, row in enumerate(result) if row[:1] == ["stages"]]
+    assert result[nested_at][1:] == ["NAME", "AT", "SECONDS"], out
+    assert [row[0] for row in result[nested_at + 2 :]] == names, out
+
+    # ---- an instance: its fields, the server's values ---------------------------------------
+    code, out, err = await cli.run_async("instance", "get", "vm-1")
+    assert code == 0, (out, err)
+    status, inst, _ = await r.call("GET", "/api/v2/admin/instances/vm-1")
+    assert status == 200
+    got = sections(out)
+    assert set(got) == set(inst), out
+    for key in ("id", "state", "host", "image", "loadout", "vcpus", "memory_mib", "disk_gib"):
+        assert got[key] == [[str(inst[key])]], (key, out)
+
+    # ---- a nested object in a list's rows: a host's labels ----------------------------------
+    uri = node_uri(tmp_path, "labelled")
+    code, out, err = await cli.run_async(
+        "host", "add", "labelled", uri, "--label", "zone=a", "--label", "rack=r1"
+    )
+    assert code == 0, (out, err)
+    assert sorted(sections(out)["labels"]) == [["rack", "r1"], ["zone", "a"]], out
+    code, out, err = await cli.run_async("host", "list")
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("labelled ")]
+    labels_col = lines[0].index("LABELS")
+    first, second = lines[at][labels_col:].split()[:2], lines[at + 1][labels_col:].split()[:2]
+    assert {tuple(first), tuple(second)} == {("zone", "a"), ("rack", "r1")}, out
+    assert not lines[at + 1][:labels_col].strip(), out  # the continuation is under LABELS
+    assert "{" not in out and "'" not in out, out
