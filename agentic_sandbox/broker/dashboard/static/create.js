@@ -2,9 +2,12 @@
 // (GET /api/v2/admin/operations/{id}, refreshed on `operation.*` events and by a slow poll).
 //
 // Errors are RFC 7807 problems: `errors[].field` ("body.image", "body.resources.cpus", …) puts
-// the message next to that field; other problems (503 fleet disabled, 409, 429) go in the
-// dialog's banner with their status and `detail`.
+// the message next to that field; every other failure (503 fleet disabled, 404, 409, 429, a
+// 5xx, no network) goes in the dialog's banner in the shared wording of alerts.js, with a
+// Retry button when retrying can help. The form keeps what was typed either way. A failed
+// operation shows the stage it failed at and the server's cause, and offers to change and retry.
 
+import { clearError, explain, load, showError } from "/static/alerts.js";
 import { api, enc } from "/static/api.js";
 import { $, el, fmtMiB, openDialog } from "/static/dom.js";
 
@@ -93,7 +96,7 @@ export class CreateDialog {
       const err = hosts.reason;
       notice.textContent = err.status === 503
         ? `The fleet is not available: ${err.detail}. A create will be refused until it is.`
-        : `Hosts unavailable: ${err.message}`;
+        : `Hosts unavailable: ${explain(err)}`;
       notice.hidden = false;
     }
     if (images.status === "fulfilled") {
@@ -103,7 +106,7 @@ export class CreateDialog {
         ? `${images.value.items.length} image(s) in the cache; a recipe name also works. Empty: the server's default recipe.`
         : "No image in the cache yet. Type a recipe name, or leave empty for the server's default recipe.";
     } else {
-      $("#create-image-hint").textContent = `Images unavailable: ${images.reason.message}`;
+      $("#create-image-hint").textContent = `Images unavailable: ${explain(images.reason)}`;
     }
     const select = $("#create-loadout");
     if (loadouts.status === "fulfilled") {
@@ -112,7 +115,7 @@ export class CreateDialog {
       select.replaceChildren(...this.loadouts.map((l) => el("option", { value: l.name }, l.name)));
       if (this.loadouts.some((l) => l.name === current)) select.value = current;
     } else {
-      $("#create-loadout-desc").textContent = `Loadouts unavailable: ${loadouts.reason.message}`;
+      $("#create-loadout-desc").textContent = `Loadouts unavailable: ${explain(loadouts.reason)}`;
     }
     this.loadoutChanged();
     this.loadSnapshotChoices();
@@ -178,8 +181,7 @@ export class CreateDialog {
   }
 
   clearErrors() {
-    $("#create-error").textContent = "";
-    $("#create-error").hidden = true;
+    clearError($("#create-error"));
     for (const out of this.form.querySelectorAll(".field-error")) out.textContent = "";
     for (const ctl of this.form.querySelectorAll("[aria-invalid]")) ctl.removeAttribute("aria-invalid");
   }
@@ -207,17 +209,16 @@ export class CreateDialog {
       banner.textContent = fieldErrors.length > 1
         ? `Please fix the ${fieldErrors.length} highlighted fields.`
         : `Please fix the highlighted field. (${err.detail})`;
-    } else if (err.status === 503) {
-      banner.textContent = `The fleet is not available (503): ${err.detail}` + (err.retryAfter ? ` — retry in ${err.retryAfter}s.` : "");
+      banner.dataset.status = String(err.status || "");
     } else {
-      banner.textContent = `${err.describe ? err.describe() : err.message}${unplaced.length ? ` (${unplaced.join("; ")})` : ""}`;
+      showError(banner, err, { what: unplaced.length ? unplaced.join("; ") : "", retry: () => this.submit() });
     }
-    banner.dataset.status = String(err.status || "");
-    banner.hidden = false;
     (first || banner).focus?.();
   }
 
   async submit() {
+    if (this.submitting) return;
+    this.submitting = true;
     this.clearErrors();
     const submit = $("#create-submit");
     submit.disabled = true;
@@ -230,6 +231,7 @@ export class CreateDialog {
     } catch (err) {
       this.showProblem(err);
     } finally {
+      this.submitting = false;
       submit.disabled = false;
       submit.textContent = "Create";
     }
@@ -257,10 +259,15 @@ export class CreateDialog {
 
   async refreshOperation() {
     if (!this.op) return;
+    const op = this.op;
     try {
-      this.renderOperation(await api(`/api/v2/admin/operations/${enc(this.op.id)}`));
+      this.renderOperation(await api(`/api/v2/admin/operations/${enc(op.id)}`));
     } catch (err) {
-      $("#op-error").textContent = `Could not read the operation: ${err.message}`;
+      if (this.op !== op) return;
+      // keep following it: the next poll (or Retry) reads it again
+      showError($("#op-error"), err, { what: "Could not read the operation", retry: () => this.refreshOperation(), always: true });
+      clearTimeout(this.pollTimer);
+      if (this.dialog.open && !TERMINAL.includes(op.state)) this.pollTimer = setTimeout(() => this.refreshOperation(), 3000);
     }
   }
 
@@ -273,7 +280,9 @@ export class CreateDialog {
     box.dataset.state = op.state;
     $("#op-state").textContent = op.state;
     $("#op-state").dataset.state = op.state;
-    $("#op-stage").textContent = op.stage || "—";
+    // a failed operation names the stage it failed at (which may not have reported itself)
+    const failedAt = op.state === "failed" && op.error ? op.error.stage : null;
+    $("#op-stage").textContent = failedAt || op.stage || "—";
     const bar = $("#op-bar");
     // never let the bar run backwards while an operation runs (a stage may be reported twice)
     const before = this.op && this.op.id === op.id ? this.shownProgress || 0 : 0;
@@ -282,19 +291,31 @@ export class CreateDialog {
     bar.setAttribute("aria-valuetext", `${Math.round(bar.value * 100)}% · ${op.stage || op.state}`);
     $("#op-percent").textContent = `${Math.round(bar.value * 100)}%`;
     this.op = op;
-    const stages = (op.stages || []).map((s) => el("li", {
-      dataset: { stage: s.name, done: String(s.seconds !== null && s.seconds !== undefined) },
-      class: s.seconds === null || s.seconds === undefined ? (done ? "stage-stopped" : "stage-running") : "stage-done",
-    }, el("span", { class: "stage-name" }, s.name),
-    el("span", { class: "stage-time" }, s.seconds === null || s.seconds === undefined ? (done ? "stopped" : "running…") : `${s.seconds.toFixed(2)} s`)));
+    const reported = op.stages || [];
+    const shown = failedAt && !reported.some((s) => s.name === failedAt) ? [...reported, { name: failedAt, seconds: null }] : reported;
+    const stages = shown.map((s) => {
+      const finished = s.seconds !== null && s.seconds !== undefined;
+      const failed = failedAt !== null && s.name === failedAt;
+      return el("li", {
+        dataset: { stage: s.name, done: String(finished), failed: failed ? "true" : null },
+        class: failed ? "stage-failed" : finished ? "stage-done" : done ? "stage-stopped" : "stage-running",
+      }, el("span", { class: "stage-name" }, s.name),
+      el("span", { class: "stage-time" }, failed ? "failed" : finished ? `${s.seconds.toFixed(2)} s` : done ? "stopped" : "running…"));
+    });
     $("#op-stages").replaceChildren(...stages);
-    $("#op-error").textContent = op.error ? `Failed at ${op.error.stage}: ${op.error.cause}` : "";
+    const opError = $("#op-error");
+    clearError(opError);
+    if (op.error) {
+      opError.textContent = `${op.state === "canceled" ? "Canceled" : "Failed"} at stage ${op.error.stage}: ${op.error.cause}`;
+      opError.dataset.kind = "operation";
+    }
     const res = op.result || {};
     $("#op-result").textContent = op.state === "succeeded"
       ? `Instance ${op.subject_id} created${res.host ? ` on host ${res.host}` : ""}${typeof res.seconds === "number" ? ` in ${res.seconds.toFixed(1)} s` : ""}.`
       : "";
     $("#op-cancel").hidden = done;
     $("#op-again").hidden = !done;
+    $("#op-again").textContent = op.state === "succeeded" ? "Create another" : "Change and retry";
     clearTimeout(this.pollTimer);
     if (!done && this.dialog.open) this.pollTimer = setTimeout(() => this.refreshOperation(), 1500);
     if (done) { this.app.refresh.instances(); this.app.refresh.operations(); }
@@ -305,25 +326,28 @@ export class CreateDialog {
     try {
       this.renderOperation(await api(`/api/v2/admin/operations/${enc(this.op.id)}/cancel`, { method: "POST" }));
     } catch (err) {
-      $("#op-error").textContent = `Cancel failed: ${err.message}`;
+      showError($("#op-error"), err, { what: "Cancel failed", retry: () => this.cancelOperation() });
     }
   }
 }
 
-/** The recent-operations list under the instance table. */
-export async function loadOperations() {
+/** The recent-operations list under the instance table (a failure: shown, with Retry). */
+export function loadOperations() {
+  return load($("#operations-error"), "Could not load operations", () => fetchOperations().catch((err) => {
+    $("#ops-running").textContent = "(not loaded)";
+    throw err;
+  }));
+}
+
+async function fetchOperations() {
   const list = $("#operations");
-  try {
-    const ops = await api("/api/v2/admin/operations?limit=8");
-    const running = ops.items.filter((o) => !TERMINAL.includes(o.state)).length;
-    $("#ops-running").textContent = running ? `(${running} running)` : `(${ops.items.length})`;
-    if (!ops.items.length) { list.replaceChildren(el("li", { class: "muted" }, "No operations yet.")); return; }
-    list.replaceChildren(...ops.items.map((o) => el("li", { dataset: { operation: o.id, state: o.state } },
-      el("span", { class: "op-kind" }, `${o.kind} ${o.subject_id}`), " ",
-      el("progress", { max: "1", value: String(o.state === "succeeded" ? 1 : o.progress || 0), "aria-label": `${o.kind} ${o.subject_id} progress` }), " ",
-      el("span", { class: `op-state op-${o.state}` }, o.state === "running" ? `${o.stage || "running"}` : o.state),
-      o.error ? el("span", { class: "muted" }, ` — ${o.error.stage}: ${o.error.cause}`) : null)));
-  } catch (err) {
-    list.replaceChildren(el("li", { class: "muted" }, `Operations unavailable: ${err.message}`));
-  }
+  const ops = await api("/api/v2/admin/operations?limit=8");
+  const running = ops.items.filter((o) => !TERMINAL.includes(o.state)).length;
+  $("#ops-running").textContent = running ? `(${running} running)` : `(${ops.items.length})`;
+  if (!ops.items.length) { list.replaceChildren(el("li", { class: "muted" }, "No operations yet.")); return; }
+  list.replaceChildren(...ops.items.map((o) => el("li", { dataset: { operation: o.id, state: o.state } },
+    el("span", { class: "op-kind" }, `${o.kind} ${o.subject_id}`), " ",
+    el("progress", { max: "1", value: String(o.state === "succeeded" ? 1 : o.progress || 0), "aria-label": `${o.kind} ${o.subject_id} progress` }), " ",
+    el("span", { class: `op-state op-${o.state}` }, o.state === "running" ? `${o.stage || "running"}` : o.state),
+    o.error ? el("span", { class: "muted" }, ` — ${o.error.stage}: ${o.error.cause}`) : null)));
 }

@@ -1,6 +1,7 @@
 // Dashboard entry point: sign in with a token (→ HttpOnly cookie + CSRF token in memory), then
 // the views: instances (+ create dialog, instance view), terminal, recordings, sessions, tasks,
 // and the live events panel that keeps them all fresh.
+import { clearError, explain, showError } from "/static/alerts.js";
 import { api, ApiError, onUnauthorized, setCsrf } from "/static/api.js";
 import { CreateDialog, loadOperations } from "/static/create.js";
 import { $, debounce, fmtDuration } from "/static/dom.js";
@@ -27,11 +28,6 @@ const app = {
   refresh: {},
 };
 
-const report = (where) => (err) => {
-  if (err instanceof ApiError && err.status === 401) return;
-  console.warn(`${where}:`, err);
-};
-
 const instances = new InstancesView(app);
 app.instances = instances;
 const sessions = new SessionsRoom(app);
@@ -39,20 +35,21 @@ const tasks = new TasksView(app);
 const create = new CreateDialog(app);
 const eventsPanel = new EventsPanel();
 
-app.refresh.instances = debounce(() => instances.load().catch((e) => { instances.listError(e); report("instances")(e); }), 250);
+// Each load shows its own failure (with Retry) in its panel; none of them throws.
+app.refresh.instances = debounce(() => instances.load(), 250);
 app.refresh.sessions = debounce(() => {
-  sessions.load().catch(report("sessions"));
-  instances.loadSessions().catch(report("instance sessions"));
+  sessions.load();
+  instances.loadSessions();
 }, 250);
-app.refresh.tasks = debounce(() => tasks.load().catch(report("tasks")), 300);
-app.refresh.operations = debounce(() => loadOperations().catch(report("operations")), 300);
+app.refresh.tasks = debounce(() => tasks.load(), 300);
+app.refresh.operations = debounce(() => loadOperations(), 300);
 
 function refreshAll() {
   app.refresh.instances.now();
   app.refresh.sessions.now();
   app.refresh.tasks.now();
   app.refresh.operations.now();
-  instances.loadSnapshots().catch(report("snapshots"));
+  instances.loadSnapshots();
 }
 
 // ---- live events → views ---------------------------------------------------------------------
@@ -64,7 +61,7 @@ function onEvent(ev) {
   if (family === "task") { tasks.onEvent(ev); app.refresh.tasks(); }
   if (family === "operation") { create.onEvent(ev); app.refresh.operations(); }
   if (family === "instance" && ev.instance_id && ev.instance_id === instances.selected && /snapshot/.test(ev.type)) {
-    instances.loadSnapshots().catch(report("snapshots"));
+    instances.loadSnapshots();
   }
   window.sandboxEvents.last = ev.seq;
 }
@@ -181,7 +178,7 @@ async function openPlayer(sessionId, label) {
   try {
     cast = parseCast(await api(`/api/v2/admin/sessions/${encodeURIComponent(sessionId)}/recording`, { accept: "text" }));
   } catch (err) {
-    $("#player-error").textContent = `Cannot play this recording: ${err.message}`;
+    showError($("#player-error"), err, { what: "Cannot play this recording", retry: () => openPlayer(sessionId, label) });
     window.sandboxPlayer = { state: "error", error: err.message };
     return;
   }
@@ -223,20 +220,22 @@ async function showApp() {
   $("#create-open").disabled = !app.canOperate();
   $("#new-session button[type=submit]").disabled = !app.canOperate();
   startFeed();
-  await Promise.all([
-    instances.load().catch((e) => instances.listError(e)),
-    sessions.load().catch(report("sessions")),
-    tasks.load(),
-    loadOperations(),
-  ]);
+  await Promise.all([instances.load(), sessions.load(), tasks.load(), loadOperations()]);
   document.body.dataset.loaded = "app"; // every request of the load answered (tests wait on it)
 }
 
-function signedOut() {
+/** Back to the sign-in form, with `message` saying why. Nothing of the session stays open
+ * over it: the feed and terminal end, open dialogs close, the player stops. */
+function signedOut(message = "Your session has expired or was revoked: sign in again.") {
   if (feed) feed.stop();
   feed = null;
   if (terminal) terminal.close();
   terminal = null;
+  if (player) player.dispose();
+  player = null;
+  for (const dialog of document.querySelectorAll("dialog[open]")) dialog.close();
+  $("#terminal-room").hidden = true;
+  $("#player-room").hidden = true;
   me = null;
   setCsrf(null);
   $("#app").hidden = true;
@@ -244,37 +243,56 @@ function signedOut() {
   $("#logout").hidden = true;
   $("#who").textContent = "";
   $("#login").hidden = false;
-  $("#login-error").textContent = "Your session ended: sign in again.";
+  clearError($("#login-error"));
+  $("#login-error").textContent = message;
   $("#token").focus();
   document.body.dataset.loaded = "login";
 }
 
-onUnauthorized(() => { if (me) signedOut(); });
+onUnauthorized((err) => { if (me) signedOut(explain(err)); });
+
+/** Open the app for a signed-in browser; if the server cannot say who we are (down, no
+ * network, a 5xx), say so on the sign-in form with a Retry, instead of a blank page. */
+async function resume() {
+  try {
+    await showApp();
+  } catch (err) {
+    $("#app").hidden = true;
+    $("#login").hidden = false;
+    if (err instanceof ApiError && err.kind === "unauthorized") {
+      signedOut(); // the session ended meanwhile
+    } else {
+      showError($("#login-error"), err, { what: "Could not open the dashboard", retry: resume, always: true });
+      document.body.dataset.loaded = "login";
+    }
+  }
+}
 
 $("#login-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
-  $("#login-error").textContent = "";
+  clearError($("#login-error"));
   const field = $("#token");
   try {
     await api("/api/v2/admin/login", { method: "POST", body: { token: field.value.trim() }, quiet401: true });
     field.value = ""; // the token is not kept anywhere; the HttpOnly cookie carries the session
     await showApp();
   } catch (err) {
-    $("#login-error").textContent = `Sign-in failed: ${err.message}`;
+    // a wrong token is the server's 401 "the token is invalid, expired or revoked"
+    if (err instanceof ApiError && err.kind === "unauthorized") $("#login-error").textContent = `Sign-in failed: ${err.detail}`;
+    else showError($("#login-error"), err, { what: "Sign-in failed" });
   }
 });
 
 $("#logout").addEventListener("click", async () => {
   try { await api("/api/v2/admin/logout", { method: "POST" }); } catch (_) { /* signed out anyway */ }
-  signedOut();
-  $("#login-error").textContent = "Signed out.";
+  signedOut("Signed out.");
 });
 
 // The server says in the page whether this browser's session cookie is valid: a page that is
 // not signed in shows the form without asking (an anonymous whoami on every load would be a
 // refusal the server audits and shows in the events panel).
 if (document.querySelector('meta[name="sandbox-session"]')?.content === "signed-in") {
-  showApp().catch(() => { $("#token").focus(); document.body.dataset.loaded = "login"; /* the session ended meanwhile */ });
+  resume();
 } else {
   $("#token").focus();
   document.body.dataset.loaded = "login";

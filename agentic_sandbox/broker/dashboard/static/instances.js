@@ -1,6 +1,7 @@
 // Instances: the list (state, agent state, host), the instance view (facts, lifecycle actions,
 // its sessions, its snapshots) and the snapshot dialog.
 
+import { clearError, load, showError } from "/static/alerts.js";
 import { api, enc } from "/static/api.js";
 import { $, badge, confirmAction, el, fillBody, fmtDateTime, fmtMiB, openDialog, ago } from "/static/dom.js";
 import { createSession, sessionRow } from "/static/sessions.js";
@@ -31,7 +32,8 @@ export class InstancesView {
     this.app = app;
     this.items = [];
     this.selected = null;
-    $("#instances-refresh").addEventListener("click", () => this.load().catch((e) => this.listError(e)));
+    this.loaded = false;
+    $("#instances-refresh").addEventListener("click", () => this.load());
     $("#iv-close").addEventListener("click", () => this.select(null));
     for (const btn of document.querySelectorAll("#iv-actions [data-action]")) {
       btn.addEventListener("click", () => this.action(btn.dataset.action));
@@ -41,14 +43,21 @@ export class InstancesView {
     $("#snapshot-cancel").addEventListener("click", () => $("#snapshot-dialog").close());
   }
 
-  listError(err) { $("#instances-error").textContent = `Could not load instances: ${err.message}`; }
+  /** Load the list; a failure is shown above it with a Retry button (never thrown). */
+  load() {
+    return load($("#instances-error"), "Could not load instances", () => this.fetchList().catch((err) => {
+      // never loaded: say so in the table rather than "No instances yet"
+      if (!this.loaded) fillBody($("#instances tbody"), [], "Not loaded: see the message above.");
+      throw err;
+    }));
+  }
 
-  async load() {
+  async fetchList() {
     const [instances, agents] = await Promise.all([
       api("/api/v2/admin/instances"),
       api("/api/v2/admin/agents"),
     ]);
-    $("#instances-error").textContent = "";
+    this.loaded = true;
     this.app.agents = new Map(agents.items.map((a) => [a.instance_id, a]));
     this.items = instances.items;
     const rows = this.items.map((inst) => this.row(inst));
@@ -135,21 +144,19 @@ export class InstancesView {
     const id = this.selected;
     if (!id) return;
     const out = $("#iv-new-error");
-    try {
+    await load(out, "Could not list this instance's sessions", async () => {
       const list = await api(`/api/v2/admin/sessions?instance_id=${enc(id)}&limit=50`);
       if (id !== this.selected) return;
       const rows = list.items.map((s) => sessionRow(this.app, s, { withInstance: false, message: (t) => { out.textContent = t; } }));
       fillBody($("#iv-sessions tbody"), rows, "No sessions on this instance yet.");
-    } catch (err) {
-      out.textContent = `Could not list sessions: ${err.message}`;
-    }
+    });
   }
 
   async loadSnapshots() {
     const id = this.selected;
     if (!id) return;
     const list = $("#iv-snapshots");
-    try {
+    await load($("#iv-snapshots-error"), "Could not list snapshots", async () => {
       const snaps = await api(`/api/v2/admin/instances/${enc(id)}/snapshots`);
       if (id !== this.selected) return;
       if (!snaps.items.length) { list.replaceChildren(el("li", { class: "muted" }, "No snapshots.")); return; }
@@ -160,9 +167,7 @@ export class InstancesView {
           ? el("button", { type: "button", class: "small", "aria-label": `Create an instance from snapshot ${s.name}`,
             onclick: () => this.app.openCreate({ fromSnapshot: `${id}/${s.name}` }) }, "New instance from it")
           : null)));
-    } catch (err) {
-      list.replaceChildren(el("li", { class: "muted" }, `Snapshots unavailable: ${err.message}`));
-    }
+    });
   }
 
   async newSession() {
@@ -190,7 +195,7 @@ export class InstancesView {
     }
     const err = $("#iv-error");
     const msg = $("#iv-message");
-    err.textContent = "";
+    clearError(err);
     msg.textContent = `${action}…`;
     const buttons = document.querySelectorAll("#iv-actions [data-action]");
     buttons.forEach((b) => { b.dataset.wasDisabled = String(b.disabled); b.disabled = true; });
@@ -206,10 +211,10 @@ export class InstancesView {
       }
     } catch (e) {
       msg.textContent = "";
-      err.textContent = `${action} failed: ${e.describe ? e.describe() : e.message}`;
+      showError(err, e, { what: `${action} failed`, retry: () => this.action(action) });
       buttons.forEach((b) => { b.disabled = b.dataset.wasDisabled === "true"; });
     }
-    await this.load().catch((e) => this.listError(e));
+    await this.load();
   }
 
   async snapshot() {
@@ -229,7 +234,8 @@ export class InstancesView {
       await this.loadSnapshots();
     } catch (err) {
       const field = (err.errors || []).find((e) => e.field);
-      out.textContent = field ? `${field.field.replace(/^body\./, "")}: ${field.message}` : (err.describe ? err.describe() : err.message);
+      if (field) out.textContent = `${field.field.replace(/^body\./, "")}: ${field.message}`;
+      else showError(out, err, { retry: () => this.snapshot() });
     } finally {
       submit.disabled = false;
     }

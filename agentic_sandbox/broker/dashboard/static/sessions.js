@@ -1,5 +1,6 @@
 // Sessions: the all-sessions table, and the row renderer the instance view reuses.
 
+import { explain, load } from "/static/alerts.js";
 import { api, enc } from "/static/api.js";
 import { $, badge, el, fillBody, shortId, ago } from "/static/dom.js";
 
@@ -58,7 +59,7 @@ async function killSession(app, id, message) {
   try {
     await api(`/api/v2/admin/sessions/${enc(id)}/kill`, { method: "POST" });
   } catch (err) {
-    (message || ((t) => { $("#new-error").textContent = t; }))(`kill failed: ${err.message}`);
+    (message || ((t) => { $("#new-error").textContent = t; }))(`kill failed: ${explain(err)}`);
   }
   app.refresh.sessions();
 }
@@ -66,15 +67,25 @@ async function killSession(app, id, message) {
 export class SessionsRoom {
   constructor(app) {
     this.app = app;
+    this.loaded = false;
     $("#sessions-refresh").addEventListener("click", () => this.load());
     $("#new-session").addEventListener("submit", (ev) => { ev.preventDefault(); this.create(); });
   }
 
-  async load() {
+  /** Load the list; a failure is shown above it with a Retry button (never thrown). */
+  load() {
+    return load($("#sessions-error"), "Could not load sessions", () => this.fetchList().catch((err) => {
+      if (!this.loaded) fillBody($("#sessions tbody"), [], "Not loaded: see the message above.");
+      throw err;
+    }));
+  }
+
+  async fetchList() {
     const [sessions, agents] = await Promise.all([
       api("/api/v2/admin/sessions?limit=100"),
       api("/api/v2/admin/agents"),
     ]);
+    this.loaded = true;
     this.app.agents = new Map(agents.items.map((a) => [a.instance_id, a]));
     const rows = sessions.items.map((s) => sessionRow(this.app, s, { message: (t) => { $("#new-error").textContent = t; } }));
     fillBody($("#sessions tbody"), rows, "No sessions yet.");
@@ -108,7 +119,7 @@ export async function createSession(app, instanceId, command, name, out) {
     app.refresh.sessions.now();
     return created;
   } catch (err) {
-    out.textContent = `Could not open a session: ${err.describe ? err.describe() : err.message}`;
+    out.textContent = `Could not open a session: ${explain(err)}`;
     return null;
   }
 }

@@ -1,6 +1,7 @@
 // Tasks (GET /api/v2/admin/missions): state per task with per-state totals, refreshed live on
 // `task.*` events; a task's run is a PTY session that can be observed or replayed.
 
+import { load } from "/static/alerts.js";
 import { api } from "/static/api.js";
 import { $, badge, el, fillBody, shortId, ago } from "/static/dom.js";
 
@@ -21,23 +22,26 @@ export class TasksView {
     $("#tasks-more").addEventListener("click", () => this.load({ more: true }));
     this.cursor = null;
     this.items = [];
+    this.loaded = false;
   }
 
   onEvent(ev) { if (ev.task_id) this.changed.add(ev.task_id); }
 
-  async load({ more = false } = {}) {
+  /** Load the list; a failure is shown above it with a Retry button (never thrown). */
+  load({ more = false } = {}) {
+    return load($("#tasks-error"), "Could not load tasks", () => this.fetchList({ more }).catch((err) => {
+      if (!this.loaded) fillBody($("#tasks tbody"), [], "Not loaded: see the message above.");
+      throw err;
+    }));
+  }
+
+  async fetchList({ more = false } = {}) {
     const params = new URLSearchParams({ limit: "50" });
     const states = FILTERS[$("#tasks-state").value];
     if (states) params.set("state", states);
     if (more && this.cursor) params.set("cursor", this.cursor);
-    let page;
-    try {
-      page = await api(`/api/v2/admin/missions?${params}`);
-      $("#tasks-error").textContent = "";
-    } catch (err) {
-      $("#tasks-error").textContent = `Could not load tasks: ${err.message}`;
-      return;
-    }
+    const page = await api(`/api/v2/admin/missions?${params}`);
+    this.loaded = true;
     this.items = more ? this.items.concat(page.items) : page.items;
     this.cursor = page.next_cursor;
     $("#tasks-more").hidden = !this.cursor;
