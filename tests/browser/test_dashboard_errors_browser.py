@@ -6,7 +6,8 @@ network), a fake image in its cache, and at most one instance per owner (so the 
 quota answers a second create with 429). Each test signs in as its own operator, so their
 quotas do not meet.
 - a session revoked through the API while the page is open (the event stream ends, or the next
-  call answers 401) returns to sign-in saying so; signing in again works;
+  call answers 401), or whose cookie runs out, returns to sign-in saying so; signing in again
+  works;
 - a create that really fails (the `dev` loadout needs NAT, the instance asks for `isolated`)
   shows the stage it failed at and the server's cause in the progress view, and "Change and
   retry" goes back to the filled form;
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,8 +76,6 @@ def operator(server: ServerProcess, subject: str) -> tuple[str, str]:
 
 
 def wait_op(server: ServerProcess, op: dict[str, Any], token: str) -> dict[str, Any]:
-    import time
-
     deadline = time.monotonic() + 30
     while op["state"] not in ("succeeded", "failed", "canceled"):
         assert time.monotonic() < deadline, op
@@ -147,6 +148,48 @@ def test_a_revoked_session_returns_to_sign_in(server: ServerProcess) -> None:
             expect(page.locator("#token")).to_be_focused()
             rows = server.ok("GET", "/api/v2/admin/instances")["items"]
             assert "rob-1" not in [r["id"] for r in rows], rows
+            errors.check()
+        finally:
+            browser.close()
+
+
+def expire_web_sessions(server: ServerProcess, token_id: str) -> None:
+    """Let the dashboard sessions made from a token run out now (their TTL is at least a minute):
+    the server finds the cookie expired on its next request. SQLite only."""
+    db = sqlite3.connect(server.data_dir / "sandbox.db", timeout=10)
+    try:
+        n = db.execute(
+            "UPDATE web_sessions SET expires_at = created_at WHERE token_id = ?", (token_id,)
+        ).rowcount
+        db.commit()
+    finally:
+        db.close()
+    assert n == 1, n
+
+
+def test_an_expired_session_returns_to_sign_in(server: ServerProcess) -> None:
+    """The cookie runs out while the page is open; the event stream stays up (it ends at the
+    token's expiry, not the cookie's), so the next call is what notices."""
+    from playwright.sync_api import expect, sync_playwright
+
+    token_id, token = operator(server, "eve")
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            errors = PageErrors(page)
+            login(page, server.url, token)
+            page.wait_for_selector("body[data-loaded=app]", state="attached")
+            expire_web_sessions(server, token_id)
+            page.click("#instances-refresh")
+            expect(page.locator("#login")).to_be_visible()
+            expect(page.locator("#login-error")).to_have_text(
+                "Your session has expired or was revoked: sign in again."
+            )
+            expect(page.locator("#feed-status")).to_have_attribute("data-state", "stopped")
+            expect(page.locator("#instances-error")).to_be_empty()  # no stale error behind it
+            login(page, server.url, token)  # the token itself is still good
+            expect(page.locator("#who")).to_have_text("eve (operator)")
             errors.check()
         finally:
             browser.close()
