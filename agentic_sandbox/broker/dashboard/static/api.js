@@ -99,16 +99,20 @@ async function problemOf(resp) {
   return { title: resp.statusText, detail: resp.statusText || `HTTP ${resp.status}` };
 }
 
-/** Call the API. `body` (an object) is sent as JSON. Resolves to parsed JSON, text or null;
- * rejects with an ApiError (an AbortError only when the caller's own `signal` aborted). */
-export async function api(path, { method = "GET", body, signal, accept = "json", quiet401 = false, timeoutMs = TIMEOUT_MS } = {}) {
-  const headers = {};
+/** Call the API. `body` (an object) is sent as JSON. Resolves to parsed JSON, text or null —
+ * or, with `accept: "stream"`, to the Response itself once its headers are in (the deadline
+ * covers only that; the caller's `signal` still ends the body). Rejects with an ApiError (an
+ * AbortError only when the caller's own `signal` aborted). */
+export async function api(path, { method = "GET", body, signal, accept = "json", headers: extra = {}, quiet401 = false, timeoutMs = TIMEOUT_MS } = {}) {
+  const headers = { ...extra };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method !== "GET" && method !== "HEAD" && csrfToken) headers["X-CSRF-Token"] = csrfToken;
   const deadline = new AbortController();
   const timer = setTimeout(() => deadline.abort(), timeoutMs);
   const onAbort = () => deadline.abort();
   if (signal) signal.addEventListener("abort", onAbort, { once: true });
+  if (signal && signal.aborted) deadline.abort();
+  let streaming = false;
   try {
     let resp;
     try {
@@ -134,6 +138,7 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
       throw err;
     }
     if (resp.status === 204) return null;
+    if (accept === "stream") { streaming = true; return resp; }
     try {
       if (accept === "text") return await resp.text();
       const type = resp.headers.get("Content-Type") || "";
@@ -145,7 +150,7 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
     }
   } finally {
     clearTimeout(timer);
-    if (signal) signal.removeEventListener("abort", onAbort);
+    if (signal && !streaming) signal.removeEventListener("abort", onAbort);
   }
 }
 

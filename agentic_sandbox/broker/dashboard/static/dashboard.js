@@ -82,7 +82,7 @@ function startFeed() {
       // After a reconnect, anything not replayed (lists are snapshots) is reloaded once.
       if (status === "live" && feed && feed.connects > 1) refreshAll();
     },
-    onUnauthorized: signedOut,
+    onUnauthorized: () => signedOut(),
   });
   window.sandboxEvents = {
     get lastEventId() { return feed.lastEventId; },

@@ -1,4 +1,6 @@
 // The live event feed (GET /api/v1/events/stream, Server-Sent Events) and the events panel.
+// The stream is opened through api() like every other call (its failures are the same
+// ApiErrors); a 401 ends the feed and signs the page out, anything else is retried with backoff.
 //
 // The server names each SSE message after its event type (`event: session.created`), and the
 // set of types is open-ended (fleet events are mirrored as they come). EventSource can only
@@ -80,23 +82,19 @@ export class EventFeed {
     this.setStatus(this.connects > 1 ? "reconnecting" : "connecting");
     let resp;
     try {
-      resp = await fetch(url, { headers, credentials: "same-origin", cache: "no-store", signal: controller.signal });
+      resp = await api(url, { headers, accept: "stream", signal: controller.signal, quiet401: true });
     } catch (err) {
-      if (controller.signal.aborted && this.controller !== controller) return;
-      return this.retryLater(controller, "the server cannot be reached");
-    }
-    if (!resp.ok) {
-      let problem = {};
-      try { problem = await resp.json(); } catch (_) { /* not JSON */ }
-      if (resp.status === 401) { this.setStatus("signed-out"); this.onUnauthorized(); return; }
-      if (resp.status === 400 && problem.code === "invalid-cursor") {
+      if (this.controller !== controller) return; // replaced by reconnect() or stopped
+      if (!(err instanceof ApiError)) return this.retryLater(controller, "the stream was interrupted");
+      if (err.kind === "unauthorized") { this.setStatus("signed-out"); this.onUnauthorized(err); return; }
+      if (err.status === 400 && err.code === "invalid-cursor") {
         // The server no longer knows our cursor (a fresh database): start again from its newest.
         this.lastEventId = null;
         this.startAfter = 0;
         try { this.startAfter = (await api("/api/v1/events?limit=1")).last_seq; } catch (_) { /* retried */ }
         this.onGap({ data: { reason: "the server's event history restarted" } });
       }
-      return this.retryLater(controller, problem.detail || resp.statusText);
+      return this.retryLater(controller, err.explain());
     }
     this.failures = 0;
     this.setStatus("live");
