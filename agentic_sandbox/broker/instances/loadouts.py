@@ -174,9 +174,7 @@ class Loadouts:
         head = await self.head(who, name)
         return head, await self.version(who, name, head.active_version)
 
-    async def versions(
-        self, who: Principal, name: str
-    ) -> tuple[m.Loadout, list[m.LoadoutVersion]]:
+    async def versions(self, who: Principal, name: str) -> tuple[m.Loadout, list[m.LoadoutVersion]]:
         head = await self.head(who, name)
         async with self._svc.db.session() as s:
             rows = await s.scalars(
@@ -291,9 +289,7 @@ class Loadouts:
                 if same is not None:
                     return Saved(head, same, created=False)
                 last = await s.scalar(
-                    select(func.max(m.LoadoutVersion.version)).where(
-                        m.LoadoutVersion.name == name
-                    )
+                    select(func.max(m.LoadoutVersion.version)).where(m.LoadoutVersion.name == name)
                 )
                 number = (last or 0) + 1
             row = m.LoadoutVersion(
@@ -319,7 +315,9 @@ class Loadouts:
         async with self._svc.db.session() as s:
             if await s.get(m.LoadoutVersion, (name, version)) is None:
                 raise InvalidInput(
-                    "version", f"loadout {name!r} has no version {version}", summary="no such version"
+                    "version",
+                    f"loadout {name!r} has no version {version}",
+                    summary="no such version",
                 )
             moved = await s.execute(
                 update(m.Loadout)
@@ -340,7 +338,7 @@ class Loadouts:
         )
         return await self.head(who, name)
 
-    # ---- what instances and pools are made with ---------------------------------------------------
+    # ---- what instances and pools are made with ------------------------------------------------
     async def resolve(
         self,
         who: Principal,
@@ -363,9 +361,7 @@ class Loadouts:
             number = head.active_version if version is None else version
             row = await s.get(m.LoadoutVersion, (name, number))
         if row is None:
-            raise InvalidInput(
-                "loadout_version", f"loadout {name!r} has no version {number}"
-            )
+            raise InvalidInput("loadout_version", f"loadout {name!r} has no version {number}")
         return Resolved(Loadout.model_validate(row.resolved), row.version, row.digest)
 
     async def _inline(self, who: Principal, inline: Mapping[str, object]) -> Resolved:

@@ -58,6 +58,10 @@ class LoadoutVersionOut(Output):
     created_at: dt.datetime
 
 
+class LoadoutSaved(LoadoutVersionOut):
+    created: bool = Field(description="false: identical content was saved before (201 vs 200)")
+
+
 class LoadoutVersionList(Output):
     name: str
     owner: str
@@ -139,18 +143,19 @@ async def list_loadouts(call: Call[NoBody, NoQuery]) -> LoadoutList:
 @api.post(
     "/api/v2/admin/loadouts",
     body=LoadoutSave,
-    response=LoadoutVersionOut,
+    response=LoadoutSaved,
     status=201,
     role=Role.operator,
     summary="Save a loadout version (201 new; 200 when identical content is saved already)",
     tag="loadouts",
     responses={200: "identical content: the version saved before"},
 )
-async def save_loadout(call: Call[LoadoutSave, NoQuery]) -> LoadoutVersionOut:
+async def save_loadout(call: Call[LoadoutSave, NoQuery]) -> LoadoutSaved:
     b = call.body
     saved = await call.app[LOADOUTS].save(call.require_principal(), b.name, b.spec, shared=b.shared)
     call.status = 201 if saved.created else 200
-    return version_out(saved.head, saved.version)
+    out = version_out(saved.head, saved.version)
+    return LoadoutSaved(**out.model_dump(), created=saved.created)
 
 
 @api.get(
