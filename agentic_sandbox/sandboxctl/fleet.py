@@ -197,7 +197,7 @@ async def pool_create(c: AsyncClient, a: argparse.Namespace) -> int:
 async def pool_list(c: AsyncClient, a: argparse.Namespace) -> None:
     pools = doc(await c.pools.list())
     if a.output == "table":  # a pool is of one loadout version: NAME@VERSION
-        for p in pools:
+        for p in pools["items"]:
             if p.get("loadout_version") is not None:
                 p["loadout"] = f"{p['loadout']}@{p['loadout_version']}"
     emit(pools, a.output, POOL_COLS)
@@ -279,7 +279,7 @@ async def loadout_apply(c: AsyncClient, a: argparse.Namespace) -> None:
 async def loadout_versions(c: AsyncClient, a: argparse.Namespace) -> None:
     versions = doc(await c.loadouts.versions(a.name))
     if a.output == "table":
-        rows = [_version_row(v) for v in versions["items"]]
+        rows = {"items": [_version_row(v) for v in versions["items"]]}
         emit(rows, a.output, LOADOUT_VERSION_COLS)
     else:
         emit(versions, a.output)
