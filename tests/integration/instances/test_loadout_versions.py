@@ -147,7 +147,7 @@ async def test_a_bad_spec_is_422_naming_the_field_and_saves_nothing(server: Runn
     for spec, field in cases:
         status, body = await save(r, "bad", spec)
         assert status == 422, (spec, body)
-        assert [e["field"] for e in body["errors"]][0].startswith(field), (spec, body)
+        assert body["errors"][0]["field"].startswith(field), (spec, body)
         assert field in body["detail"], (spec, body)
     status, body, _ = await r.call("POST", LOADOUTS, json={"name": "Bad Name!", "spec": {}})
     assert status == 422 and body["errors"][0]["field"] == "body.name", body
@@ -231,7 +231,7 @@ async def test_an_instance_keeps_its_version_when_the_active_one_moves(server: R
 async def pool_ready(r: Running, key: str, want: int) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:
-        status, pools, _ = await r.call("GET", "/api/v2/admin/pools")
+        _, pools, _ = await r.call("GET", "/api/v2/admin/pools")
         pool = next(p for p in pools["items"] if p["key"] == key)
         if pool["ready"] >= want or time.monotonic() > deadline:
             return pool
@@ -322,7 +322,7 @@ async def test_owners_and_roles(server: Running) -> None:
     team_doc = await versions(r, "team", bob)
     assert team_doc["shared"] and team_doc["owner"] == "system"
     # alice changes her own; the admin sees and changes everything
-    _, v2 = await save(r, "alice-lo", WEB_V2, alice)
+    assert (await save(r, "alice-lo", WEB_V2, alice))[0] == 201
     assert (await activate(r, "alice-lo", 2, 1, alice))[0] == 200
     assert (await activate(r, "alice-lo", 1, 2))[0] == 200
     assert (await versions(r, "alice-lo"))["active_version"] == 1
