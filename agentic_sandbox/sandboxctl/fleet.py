@@ -232,7 +232,11 @@ async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
 
 
 async def loadout_list(c: AsyncClient, a: argparse.Namespace) -> None:
-    emit(doc(await c.loadouts.list()), a.output, ["name", "description", "network"])
+    emit(
+        doc(await c.loadouts.list()),
+        a.output,
+        ["name", "version", "owner", "description", "network"],
+    )
 
 
 async def loadout_show(c: AsyncClient, a: argparse.Namespace) -> None:
