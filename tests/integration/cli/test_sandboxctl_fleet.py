@@ -355,9 +355,11 @@ async def test_loadout_apply_versions_activate(
     assert json.loads(out)["active_version"] == 1
     code, out, err = await cli.run_async("loadout", "list")
     assert out.splitlines()[0].split()[:3] == ["NAME", "VERSION", "OWNER"], out
-    assert ["web", "1", "admin"] == next(
-        line.split()[:3] for line in out.splitlines() if line.startswith("web ")
-    ), out
+    assert next(line.split()[:3] for line in out.splitlines() if line.startswith("web ")) == [
+        "web",
+        "1",
+        "admin",
+    ], out
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nresources: {cpus: 0}\n")
