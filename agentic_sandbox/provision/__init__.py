@@ -7,6 +7,7 @@ from agentic_sandbox.provision.loadouts import (
     Loadout,
     LoadoutCatalog,
     LoadoutError,
+    extend,
     load_catalog,
 )
 from agentic_sandbox.provision.pipeline import (
@@ -39,6 +40,7 @@ __all__ = [
     "StageRecord",
     "build_bundle",
     "check_bundle",
+    "extend",
     "load_catalog",
     "read_seed_iso",
     "write_seed_iso",

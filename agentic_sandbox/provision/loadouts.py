@@ -24,7 +24,12 @@ MAX_DEPTH = 8
 
 
 class LoadoutError(Exception):
-    """A loadout that cannot be used; the message names the file and the field."""
+    """A loadout that cannot be used; the message names the file and the field. `field`, when
+    known, is the dotted path of the field at fault (`resources.cpus`, `extends`)."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Strict(BaseModel):
@@ -329,6 +334,31 @@ class LoadoutCatalog:
             return Loadout.model_validate(merged)
         except ValidationError as exc:
             raise LoadoutError(_format_error(self._raw[name][1], exc)) from None
+
+
+LIST_FIELDS = ("packages", "write_files", "runcmd", "secrets", "skills")
+MAP_FIELDS = ("resources", "environment", "task_runner", "budgets")
+
+
+def extend(parent: Loadout | None, child: dict[str, Any], name: str) -> Loadout:
+    """`child` (a loadout document as its YAML would be) over an already resolved `parent`,
+    with the same merge rules as the catalog's `extends`; named `name`. A problem is a
+    `LoadoutError` whose `field` names the child's field."""
+    for key in LIST_FIELDS:
+        if key in child and not isinstance(child[key], list):
+            raise LoadoutError(f"{key}: must be a list", field=key)
+    for key in MAP_FIELDS:
+        if key in child and not isinstance(child[key], dict):
+            raise LoadoutError(f"{key}: must be a mapping", field=key)
+    base = parent.model_dump(mode="json") if parent is not None else {}
+    merged = _merge(base, child)
+    merged["name"] = name
+    try:
+        return Loadout.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise LoadoutError(_format_error(name, exc), field=loc or None) from None
 
 
 def load_catalog(extra: Iterable[Path] = ()) -> LoadoutCatalog:

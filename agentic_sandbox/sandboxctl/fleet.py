@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
 from agentic_sandbox.sandboxctl.exec import instance_exec
-from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_OK, CliError
-from agentic_sandbox.sandboxctl.output import doc, emit, progress
+from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_INVALID, EXIT_OK, CliError
+from agentic_sandbox.sandboxctl.output import doc, emit, err, progress
 from agentic_sandbox.sandboxctl.parsing import Nouns, kv, wait_options
 from agentic_sandbox.sdk import (
     ApiError,
@@ -26,6 +28,7 @@ INSTANCE_COLS = ["id", "state", "agent_state", "host", "loadout", "vcpus", "memo
 OPERATION_COLS = ["id", "kind", "subject_id", "state", "stage", "progress", "created_at"]
 SNAPSHOT_COLS = ["name", "kind", "state", "created_at"]
 POOL_COLS = ["key", "image", "loadout", "network", "size", "ready", "last_error"]
+LOADOUT_VERSION_COLS = ["version", "active", "digest", "extends", "created_by", "created_at"]
 
 
 # ---- operations --------------------------------------------------------------------------------
@@ -99,6 +102,7 @@ async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
     spec: dict[str, Any] = {
         "image": a.image,
         "loadout": a.loadout,
+        "loadout_version": a.loadout_version,
         "from_snapshot": a.from_snapshot,
         "network": a.network,
         "cpus": a.cpus,
@@ -180,12 +184,23 @@ async def instance_ssh(c: AsyncClient, a: argparse.Namespace) -> int:
 
 # ---- pools, images, hosts, loadouts ------------------------------------------------------------
 async def pool_create(c: AsyncClient, a: argparse.Namespace) -> int:
-    op = await c.pools.create(image=a.image, loadout=a.loadout, network=a.network, size=a.size)
+    op = await c.pools.create(
+        image=a.image,
+        loadout=a.loadout,
+        loadout_version=a.loadout_version,
+        network=a.network,
+        size=a.size,
+    )
     return await follow_operation(c, op, a.output, wait=a.wait)
 
 
 async def pool_list(c: AsyncClient, a: argparse.Namespace) -> None:
-    emit(doc(await c.pools.list()), a.output, POOL_COLS)
+    pools = doc(await c.pools.list())
+    if a.output == "table":  # a pool is of one loadout version: NAME@VERSION
+        for p in pools["items"]:
+            if p.get("loadout_version") is not None:
+                p["loadout"] = f"{p['loadout']}@{p['loadout_version']}"
+    emit(pools, a.output, POOL_COLS)
 
 
 async def pool_delete(c: AsyncClient, a: argparse.Namespace) -> None:
@@ -217,11 +232,68 @@ async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
 
 
 async def loadout_list(c: AsyncClient, a: argparse.Namespace) -> None:
-    emit(doc(await c.loadouts.list()), a.output, ["name", "description", "network"])
+    emit(
+        doc(await c.loadouts.list()),
+        a.output,
+        ["name", "version", "owner", "description", "network"],
+    )
 
 
 async def loadout_show(c: AsyncClient, a: argparse.Namespace) -> None:
     emit(doc(await c.loadouts.get(a.name)), a.output if a.output != "table" else "yaml")
+
+
+def _read_loadout_file(path: str) -> dict[str, Any]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {path}: {exc}", EXIT_INVALID) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not valid YAML: {exc}", EXIT_INVALID) from None
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: a loadout is a mapping", EXIT_INVALID)
+    return data
+
+
+def _version_row(v: dict[str, Any]) -> dict[str, Any]:
+    ext = v.get("extends")
+    return {
+        **v,
+        "digest": str(v.get("digest", ""))[:12],
+        "extends": f"{ext['name']}@{ext['version']}" if isinstance(ext, dict) else "",
+    }
+
+
+async def loadout_apply(c: AsyncClient, a: argparse.Namespace) -> None:
+    spec = _read_loadout_file(a.file)
+    name = a.name or spec.get("name")
+    if not isinstance(name, str):
+        raise CliError(f"{a.file}: the loadout has no name (give one with --name)", EXIT_INVALID)
+    saved = await c.loadouts.apply(spec, name=name, shared=a.shared)
+    what = "saved as" if saved.created else "unchanged: identical content is"
+    err(f"loadout {saved.name}: {what} version {saved.version}")
+    if a.output == "table":
+        emit(_version_row(doc(saved)), a.output, [*LOADOUT_VERSION_COLS, "created"])
+    else:
+        emit(doc(saved), a.output)
+
+
+async def loadout_versions(c: AsyncClient, a: argparse.Namespace) -> None:
+    versions = doc(await c.loadouts.versions(a.name))
+    if a.output == "table":
+        rows = {"items": [_version_row(v) for v in versions["items"]]}
+        emit(rows, a.output, LOADOUT_VERSION_COLS)
+    else:
+        emit(versions, a.output)
+
+
+async def loadout_activate(c: AsyncClient, a: argparse.Namespace) -> None:
+    expected = a.expected_version
+    if expected is None:  # the version active now; still a compare-and-set against a race
+        expected = (await c.loadouts.get(a.name)).version
+    emit(doc(await c.loadouts.activate(a.name, a.version, expected_version=expected)), a.output)
 
 
 # ---- the parser --------------------------------------------------------------------------------
@@ -236,6 +308,7 @@ def register(nouns: Nouns) -> None:
     v.add_argument("id")
     v.add_argument("--image")
     v.add_argument("--loadout")
+    v.add_argument("--loadout-version", type=int, help="a version of the loadout (default: active)")
     v.add_argument("--from-snapshot", help="INSTANCE/SNAPSHOT to restore from")
     v.add_argument("--network", choices=["isolated", "nat"])
     v.add_argument("--cpus", type=int)
@@ -292,6 +365,7 @@ def register(nouns: Nouns) -> None:
     v = verb(g, "create", pool_create, "prepare (or resize) a pool for image + loadout + network")
     v.add_argument("--image")
     v.add_argument("--loadout")
+    v.add_argument("--loadout-version", type=int, help="a version of the loadout (default: active)")
     v.add_argument("--network", choices=["isolated", "nat"])
     v.add_argument("--size", type=int)
     wait_options(v, "the preparation")
@@ -314,3 +388,16 @@ def register(nouns: Nouns) -> None:
     g = nouns.noun("loadout", "instance profiles")
     verb(g, "list", loadout_list, "list loadouts")
     verb(g, "show", loadout_show, "show a resolved loadout").add_argument("name")
+    v = verb(g, "apply", loadout_apply, "save a loadout file as a version (identical: unchanged)")
+    v.add_argument("file", help="a loadout YAML file (- for stdin)")
+    v.add_argument("--name", help="the loadout's name (default: the file's `name`)")
+    v.add_argument("--shared", action="store_true", help="admins: everyone may read it")
+    verb(g, "versions", loadout_versions, "list a loadout's versions").add_argument("name")
+    v = verb(g, "activate", loadout_activate, "make a version of a loadout the active one")
+    v.add_argument("name")
+    v.add_argument("version", type=int)
+    v.add_argument(
+        "--expected-version",
+        type=int,
+        help="the version you expect active now (default: the one active now); 409 if moved",
+    )

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from agentic_sandbox.sdk.errors import SandboxError
 from agentic_sandbox.sdk.models import (
@@ -20,6 +20,10 @@ from agentic_sandbox.sdk.models import (
     Image,
     Instance,
     Loadout,
+    LoadoutActivated,
+    LoadoutSaved,
+    LoadoutVersion,
+    LoadoutVersions,
     Operation,
     Pool,
     Snapshot,
@@ -83,6 +87,7 @@ class AsyncInstances(Resource):
         *,
         image: str | None = None,
         loadout: str | None = None,
+        loadout_version: int | None = None,
         from_snapshot: str | None = None,
         from_pool: bool | None = None,
         cpus: int | None = None,
@@ -105,6 +110,7 @@ class AsyncInstances(Resource):
                 "id": instance_id,
                 "image": image,
                 "loadout": loadout,
+                "loadout_version": loadout_version,
                 "from_snapshot": from_snapshot,
                 "from_pool": from_pool,
                 "resources": resources or None,
@@ -340,9 +346,19 @@ class AsyncPools(Resource):
         loadout: str | None = None,
         network: Network | None = None,
         size: int | None = None,
+        loadout_version: int | None = None,
     ) -> Operation:
-        """Prepare (or resize) the warm pool of image + loadout + network (an operation)."""
-        body = _drop_none({"image": image, "loadout": loadout, "network": network, "size": size})
+        """Prepare (or resize) the warm pool of image + loadout version (default: the active
+        one) + network (an operation)."""
+        body = _drop_none(
+            {
+                "image": image,
+                "loadout": loadout,
+                "loadout_version": loadout_version,
+                "network": network,
+                "size": size,
+            }
+        )
         return await self._t.model(Operation, "POST", f"{ADMIN}/pools", json_body=body)
 
     async def list(self) -> list[Pool]:
@@ -403,15 +419,51 @@ class AsyncHosts(Resource):
 
 
 class AsyncLoadouts(Resource):
-    """Loadouts as the server has them today (resolved files); versioned loadouts (`apply`,
-    `versions`, `activate` with the expected version) join here with their routes."""
+    """Loadouts as versioned records: each save of a name is an immutable, content-addressed
+    version (saving identical content again returns that version); one version per name is
+    active, moved by `activate` with the version the caller expects to be active."""
 
     async def list(self) -> list[Loadout]:
+        """Every loadout the caller sees, at its active version."""
         return await self._t.items(Loadout, f"{ADMIN}/loadouts")
 
-    async def get(self, name: str) -> Loadout:
-        """One loadout, resolved (`extends` applied)."""
+    @overload
+    async def get(self, name: str) -> Loadout: ...
+    @overload
+    async def get(self, name: str, version: int) -> LoadoutVersion: ...
+    async def get(self, name: str, version: int | None = None) -> Loadout | LoadoutVersion:
+        """The active version of `name`, resolved (`extends` applied); with `version`, that
+        version as it was saved (`LoadoutVersion`)."""
+        if version is not None:
+            return await self._t.model(
+                LoadoutVersion, "GET", f"{ADMIN}/loadouts/{name}/versions/{int(version)}"
+            )
         return await self._t.model(Loadout, "GET", f"{ADMIN}/loadouts/{name}")
+
+    async def apply(
+        self, spec: Mapping[str, Any], *, name: str | None = None, shared: bool = False
+    ) -> LoadoutSaved:
+        """Save `spec` (a loadout as its YAML would be) as a version of `name` (default: the
+        spec's own `name`); `created` says whether this save made the version. `shared`:
+        admins only, on a name's first save."""
+        chosen = name if name is not None else spec.get("name")
+        if not isinstance(chosen, str):
+            raise ValueError("a loadout needs a name (the spec's `name`, or name=)")
+        body: dict[str, Any] = {"name": chosen, "spec": dict(spec)}
+        if shared:
+            body["shared"] = True
+        return await self._t.model(LoadoutSaved, "POST", f"{ADMIN}/loadouts", json_body=body)
+
+    async def versions(self, name: str) -> LoadoutVersions:
+        """Every version of `name`, oldest first, and which is active."""
+        return await self._t.model(LoadoutVersions, "GET", f"{ADMIN}/loadouts/{name}/versions")
+
+    async def activate(self, name: str, version: int, *, expected_version: int) -> LoadoutActivated:
+        """Make `version` active if `expected_version` still is (else `Conflict`, HTTP 409)."""
+        body = {"version": version, "expected_version": expected_version}
+        return await self._t.model(
+            LoadoutActivated, "POST", f"{ADMIN}/loadouts/{name}/activate", json_body=body
+        )
 
 
 class AsyncAgents(Resource):

@@ -116,6 +116,8 @@ class Instance(ApiModel):
     host: str | None = None
     image: str | None = None
     loadout: str | None = None
+    loadout_version: int | None = None  # the exact version it was made from (None: inline)
+    loadout_digest: str | None = None
     vcpus: int = 0
     memory_mib: int = 0
     disk_gib: int | None = None
@@ -282,8 +284,14 @@ class Image(ApiModel):
 
 
 class Loadout(ApiModel):
+    """A loadout's active version, resolved (`extends` applied)."""
+
     __schema__ = "LoadoutOut"
     name: str
+    version: int = 0
+    digest: str = ""
+    owner: str = ""
+    shared: bool = False
     description: str = ""
     network: str = ""
     resources: dict[str, int] = Field(default_factory=dict)
@@ -293,11 +301,57 @@ class Loadout(ApiModel):
     sudo: bool = False
 
 
+class LoadoutExtends(ApiModel):
+    __schema__ = "ExtendsOut"
+    name: str
+    version: int
+
+
+class LoadoutVersion(ApiModel):
+    """One immutable version of a loadout: the spec as saved, its digest, what it resolved to."""
+
+    __schema__ = "LoadoutVersionOut"
+    name: str
+    version: int
+    digest: str = ""
+    active: bool = False
+    extends: LoadoutExtends | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    resolved: dict[str, Any] = Field(default_factory=dict)
+    created_by: str = ""
+    created_at: dt.datetime | None = None
+
+
+class LoadoutSaved(LoadoutVersion):
+    """What a save answers: the version, and whether this save made it (false: identical
+    content was saved before)."""
+
+    __schema__ = "LoadoutSaved"
+    created: bool = False
+
+
+class LoadoutVersions(ApiModel):
+    __schema__ = "LoadoutVersionList"
+    name: str
+    owner: str = ""
+    shared: bool = False
+    active_version: int = 0
+    items: list[LoadoutVersion] = Field(default_factory=list)
+
+
+class LoadoutActivated(ApiModel):
+    __schema__ = "LoadoutActivated"
+    name: str
+    active_version: int
+    previous_version: int
+
+
 class Pool(ApiModel):
     __schema__ = "PoolOut"
     key: str
     image: str = ""
     loadout: str = ""
+    loadout_version: int | None = None
     network: str = ""
     size: int = 0
     ready: int = 0

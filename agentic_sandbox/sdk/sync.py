@@ -271,6 +271,9 @@ class Hosts(_Facade[AsyncHosts]):
 class Loadouts(_Facade[AsyncLoadouts]):
     list = synced(AsyncLoadouts.list)
     get = synced(AsyncLoadouts.get)
+    apply = synced(AsyncLoadouts.apply)
+    versions = synced(AsyncLoadouts.versions)
+    activate = synced(AsyncLoadouts.activate)
 
 
 class Agents(_Facade[AsyncAgents]):

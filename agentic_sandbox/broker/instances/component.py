@@ -62,7 +62,7 @@ class FleetComponent:
         self.mirror = InstanceMirror(svc, self.fleet)
         self.provisioning = Provisioning(svc, self.fleet, self.gate, self.ops)
         self.images = ImageCatalog(svc, self.ops, self.images_dir)
-        self.loadouts = Loadouts(s.effective_loadouts_dir)
+        self.loadouts = Loadouts(svc, s.effective_loadouts_dir)
         self.hosts = HostService(svc, self.gate)
         self.pools = WarmPools(
             svc,
@@ -103,6 +103,7 @@ class FleetComponent:
         access check, then the fleet opens (adopting the domains the table knows), interrupted
         provisions are cleaned up, the table made to agree with the fleet, the warm pools
         restored, and saved states nothing refers to deleted."""
+        await self.loadouts.seed()  # the shipped files: version 1 of their names
         await self.provisioning.ensure_ssh_key()
         await self.ops.start()
         self.mirror.start()

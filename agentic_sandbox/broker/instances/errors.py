@@ -31,9 +31,12 @@ class ForbiddenError(InstanceError):
 class ConflictError(InstanceError):
     """The object's state forbids the change (it exists, is busy, is in use)."""
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, extra: dict[str, object] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.extra = extra or {}
 
 
 class InvalidInput(InstanceError):

@@ -1,4 +1,4 @@
-"""Warm pools: per image + loadout + network, N restored-and-paused VMs ready to hand out.
+"""Warm pools: per image + loadout version + network, N restored-and-paused VMs ready to hand out.
 
 Preparing a pool boots a *golden* instance once (cold, from the image, with the loadout), waits
 until cloud-init is done, saves its memory state and deletes it. The golden never enrolls: its
@@ -23,7 +23,7 @@ from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.access import FleetGate
 from agentic_sandbox.broker.instances.errors import NotFoundError
 from agentic_sandbox.broker.instances.images import ImageCatalog
-from agentic_sandbox.broker.instances.loadouts import Loadouts
+from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
 from agentic_sandbox.broker.instances.provisioning import Provisioning
 from agentic_sandbox.broker.operations import OperationFailed, OperationRunner, Progress
 from agentic_sandbox.broker.services import Services
@@ -39,9 +39,11 @@ DONE_MARKER = b"agentic-sandbox: stage cloud-init-done"
 PREPARE_STAGES = ("golden", "settling", "saving", "filling")
 
 
-def pool_key(image: str, loadout: str, network: str) -> str:
-    """A fleet-safe name for (image, loadout, network)."""
-    digest = hashlib.sha256(f"{image}\0{loadout}\0{network}".encode()).hexdigest()[:10]
+def pool_key(image: str, loadout: str, network: str, version: int | None) -> str:
+    """A fleet-safe name for (image, loadout at `version`, network): a pool is of one exact
+    loadout version, so activating another version never changes what a pool hands out."""
+    ident = f"{image}\0{loadout}@{version}\0{network}"
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:10]
     return f"pool-{digest}"
 
 
@@ -51,6 +53,7 @@ class PoolRecord(BaseModel):
     key: str
     image: str
     loadout: str
+    loadout_version: int | None = None  # None: a pool prepared before loadouts had versions
     network: str
     size: int
     state_id: str = ""
@@ -137,23 +140,25 @@ class WarmPools:
         *,
         image: str | None,
         loadout: str,
+        loadout_version: int | None = None,
         network: str | None,
         size: int,
     ) -> m.Operation:
-        """Prepare (or resize) the pool of image + loadout + network as an operation."""
+        """Prepare (or resize) the pool of image + loadout version (default: the active one)
+        + network as an operation."""
         self._gate.require()
         built = self._images.resolve(image)
-        lo = self._loadouts.resolve(loadout)
-        egress = EgressPolicy(network or lo.network)
+        resolved = await self._loadouts.resolve(who, loadout, version=loadout_version)
+        egress = EgressPolicy(network or resolved.loadout.network)
 
         async def body(progress: Progress) -> dict[str, object]:
-            record = await self._prepare(progress, built, lo, egress, size)
+            record = await self._prepare(progress, built, resolved, egress, size)
             return record.model_dump()
 
         op = await self._ops.submit(
             kind="pool-prepare",
             subject_type="pool",
-            subject_id=pool_key(built.name, lo.name, egress.value),
+            subject_id=pool_key(built.name, resolved.loadout.name, egress.value, resolved.version),
             owner=who.subject,
             actor=who.actor,
             body=body,
@@ -168,11 +173,12 @@ class WarmPools:
         self,
         progress: Progress,
         image: BuiltImage,
-        loadout: Loadout,
+        resolved: Resolved,
         network: EgressPolicy,
         size: int,
     ) -> PoolRecord:
-        key = pool_key(image.name, loadout.name, network.value)
+        loadout = resolved.loadout
+        key = pool_key(image.name, loadout.name, network.value, resolved.version)
         state_id = f"{key}-{image.name[-12:]}"
         if state_id not in {s.state_id for s in await self._fleet.list_states()}:
             await self._capture_golden(progress, key, state_id, image, loadout, network)
@@ -184,6 +190,7 @@ class WarmPools:
             key=key,
             image=image.name,
             loadout=loadout.name,
+            loadout_version=resolved.version,
             network=network.value,
             size=size,
             state_id=state_id,

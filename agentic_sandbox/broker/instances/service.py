@@ -24,7 +24,7 @@ from agentic_sandbox.broker.instances.access import (
 )
 from agentic_sandbox.broker.instances.errors import ConflictError, InvalidInput, QuotaExceeded
 from agentic_sandbox.broker.instances.images import ImageCatalog
-from agentic_sandbox.broker.instances.loadouts import Loadouts
+from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
 from agentic_sandbox.broker.instances.pools import WarmPools, pool_key
 from agentic_sandbox.broker.instances.provisioning import Provisioning
 from agentic_sandbox.broker.instances.snapshots import SnapshotService, state_id_of
@@ -33,7 +33,7 @@ from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import EgressPolicy, Fleet, Instance
 from agentic_sandbox.images import BuiltImage
-from agentic_sandbox.provision import Loadout, ProvisionRequest
+from agentic_sandbox.provision import ProvisionRequest
 
 Source = Literal["image", "state", "pool"]
 
@@ -57,6 +57,7 @@ class NewInstance:
     id: str
     image: str | None = None  # an image, or a recipe whose cached build is used; default recipe
     loadout: str = "minimal"
+    loadout_version: int | None = None  # a version of `loadout`; default: its active one
     loadout_spec: dict[str, object] | None = None  # an inline loadout instead of `loadout`
     from_snapshot: str | None = None
     from_pool: bool = False
@@ -125,8 +126,11 @@ class InstanceService:
         the source exist, the id is free (a deleted instance's row is replaced: its id is a
         reusable name), the owner is under the instance quota."""
         self._gate.require()
-        loadout = self._loadouts.resolve(new.loadout, new.loadout_spec)
-        plan = await self._plan(who, new, loadout)
+        resolved = await self._loadouts.resolve(
+            who, new.loadout, new.loadout_spec, version=new.loadout_version
+        )
+        loadout = resolved.loadout
+        plan = await self._plan(who, new, resolved)
         settings = self._svc.settings
         async with self._svc.db.session() as s:
             existing = await s.get(m.Instance, new.id)
@@ -154,6 +158,8 @@ class InstanceService:
                     state="provisioning",
                     image=plan.image.name if plan.image else None,
                     loadout=loadout.name,
+                    loadout_version=resolved.version,
+                    loadout_digest=resolved.digest,
                     vcpus=new.cpus or loadout.resources.cpus,
                     memory_mib=new.memory_mib or loadout.resources.memory_mib,
                     disk_gib=new.disk_gib or loadout.resources.disk_gib,
@@ -170,7 +176,11 @@ class InstanceService:
             actor=who.actor,
             owner=who.subject,
             instance_id=new.id,
-            data={"source": plan.source, "loadout": loadout.name},
+            data={
+                "source": plan.source,
+                "loadout": loadout.name,
+                "loadout_version": resolved.version,
+            },
         )
         req = ProvisionRequest(
             instance_id=new.id,
@@ -194,19 +204,20 @@ class InstanceService:
         )
         return await self._provisioning.submit(req, actor=who.actor, source_label=plan.source)
 
-    async def _plan(self, who: Principal, new: NewInstance, loadout: Loadout) -> _Plan:
+    async def _plan(self, who: Principal, new: NewInstance, resolved: Resolved) -> _Plan:
+        loadout = resolved.loadout
         if new.from_snapshot:
             src_id, snap = new.from_snapshot.split("/", 1)
             return _Plan("state", state_id=await self._snapshots.memory_state(who, src_id, snap))
         if new.from_pool:
             image = self._images.resolve(new.image)
             network = new.network or loadout.network
-            key = pool_key(image.name, loadout.name, network)
+            key = pool_key(image.name, loadout.name, network, resolved.version)
             if not await self._pools.exists(key):
                 raise InvalidInput(
                     "from_pool",
-                    f"no warm pool for image {image.name}, loadout {loadout.name}, network "
-                    f"{network} (POST /api/v2/admin/pools first)",
+                    f"no warm pool for image {image.name}, loadout {loadout.name} version "
+                    f"{resolved.version}, network {network} (POST /api/v2/admin/pools first)",
                     summary="no such pool",
                 )
             return _Plan("pool", pool_key=key)
@@ -230,6 +241,7 @@ class InstanceService:
             ssh_keys=ssh_keys,
             wait_ready=wait_ready,
             loadout=source.loadout or "minimal",
+            loadout_version=source.loadout_version,
         )
         return await self.create(who, new)
 

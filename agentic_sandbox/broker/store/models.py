@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -196,11 +198,36 @@ class Image(Base, Timestamps):
 
 
 class Loadout(Base, Timestamps):
+    """A loadout name: who owns it and which of its versions is active (the pointer that
+    activation moves by compare-and-set). `owner` is the creator's subject; `shared` ones
+    (the shipped files, or saved so by an admin) are read by everyone and changed by admins."""
+
     __tablename__ = "loadouts"
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    source: Mapped[str] = mapped_column(String(16), default="builtin")  # builtin | custom
-    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source: Mapped[str] = mapped_column(String(16), default="builtin")  # builtin | api
     owner: Mapped[str] = mapped_column(String(128), index=True)
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    active_version: Mapped[int] = mapped_column(default=1, server_default="1")
+
+
+class LoadoutVersion(Base):
+    """One immutable version of a loadout: `document` is what was saved (the spec, and the
+    parent version `extends` was pinned to), `digest` the SHA-256 of its canonical JSON
+    (RFC 8785), `resolved` the loadout with `extends` applied. Numbers count up per name."""
+
+    __tablename__ = "loadout_versions"
+    name: Mapped[str] = mapped_column(
+        ForeignKey("loadouts.name", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    digest: Mapped[str] = mapped_column(String(64))
+    document: Mapped[dict[str, Any]] = mapped_column()
+    resolved: Mapped[dict[str, Any]] = mapped_column()
+    extends_name: Mapped[str | None] = mapped_column(String(63))
+    extends_version: Mapped[int | None]
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("name", "digest"),)
 
 
 class Instance(Base, Timestamps):
@@ -211,6 +238,10 @@ class Instance(Base, Timestamps):
     host: Mapped[str | None] = mapped_column(String(63), index=True)
     image: Mapped[str | None] = mapped_column(String(128))
     loadout: Mapped[str | None] = mapped_column(String(63))
+    # the exact loadout version it was made from (None: an inline loadout, or made before
+    # loadouts had versions); activating another version never changes it
+    loadout_version: Mapped[int | None]
+    loadout_digest: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     agent_state: Mapped[str] = mapped_column(String(16), default="absent")

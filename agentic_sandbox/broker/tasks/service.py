@@ -314,10 +314,17 @@ class TaskService:
     async def profile(self, instance: m.Instance) -> AgentProfile:
         """Skills and runner of an instance (parsed once per version of its spec)."""
         loadout_spec: dict[str, Any] | None = None
-        if "skills" not in (instance.spec or {}) and instance.loadout:
+        if (
+            "skills" not in (instance.spec or {})
+            and instance.loadout
+            and instance.loadout_version is not None
+        ):
+            # the exact version the instance was made from, never the name's active one
             async with self.db.session() as s:
-                loadout = await s.get(m.Loadout, instance.loadout)
-            loadout_spec = loadout.spec if loadout is not None else None
+                version = await s.get(
+                    m.LoadoutVersion, (instance.loadout, instance.loadout_version)
+                )
+            loadout_spec = version.resolved if version is not None else None
         key = (instance.id, instance.version, instance.updated_at, json_key(loadout_spec))
         hit = self._profiles.get(key)
         if hit is None:

@@ -201,7 +201,7 @@ async def test_pool_create_list_delete(fleet_server: Running, cli: Sandboxctl) -
         if row[5] == "1" or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)
-    assert row[2:6] == ["minimal", "isolated", "1", "1"], out  # size 1, one VM ready
+    assert row[2:6] == ["minimal@1", "isolated", "1", "1"], out  # size 1, one VM ready
     code, out, err = await cli.run_async("pool", "delete", key)
     assert code == 0 and out.strip() == f"deleted pool {key}", (out, err)
     code, out, err = await cli.run_async("pool", "list", "-o", "json")
@@ -236,6 +236,9 @@ FLEET_VERBS = {
     "host list",
     "loadout list",
     "loadout show",
+    "loadout apply",
+    "loadout versions",
+    "loadout activate",
 }
 
 
@@ -259,6 +262,9 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
                 return [iid]
 
             return make
+
+        web_file = tmp_path / "pos-web.yaml"
+        web_file.write_text("name: pos-web\nextends: minimal\ndescription: positions\n")
 
         async def fresh_pool() -> list[str]:
             op = await c.operations.wait(await c.pools.create(size=1, network="nat"))
@@ -293,6 +299,9 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             Case("host list", lambda: []),
             Case("loadout list", lambda: []),
             Case("loadout show", lambda: ["minimal"]),
+            Case("loadout apply", lambda: [str(web_file)]),
+            Case("loadout versions", lambda: ["pos-web"]),
+            Case("loadout activate", lambda: ["pos-web", "1"]),
         ]
         assert {case.verb for case in cases} == FLEET_VERBS
         assert all_verbs() - CONFIG_VERBS == FLEET_VERBS | NON_FLEET_VERBS
@@ -400,3 +409,69 @@ async def test_operation_get_and_nested_fields_render_as_sub_tables(
     assert {tuple(first), tuple(second)} == {("zone", "a"), ("rack", "r1")}, out
     assert not lines[at + 1][:labels_col].strip(), out  # the continuation is under LABELS
     assert "{" not in out and "'" not in out, out
+
+
+async def test_loadout_apply_versions_activate(
+    fleet_server: Running, cli: Sandboxctl, tmp_path: Path
+) -> None:
+    """The versioned-loadout verbs against a real server: apply is idempotent, versions is a
+    table (or JSON), activate is a compare-and-set (exit 5 on a stale expected version), and
+    errors exit with the codes of the others (6 invalid, 3 not found, 4 not allowed)."""
+    r = fleet_server
+    web = tmp_path / "web.yaml"
+    web.write_text("name: web\nextends: minimal\ndescription: web v1\nresources: {cpus: 1}\n")
+    code, out, err = await cli.run_async("loadout", "apply", str(web))
+    assert code == 0 and "loadout web: saved as version 1" in err, (out, err)
+    header = out.splitlines()[0].split()
+    assert header[:4] == ["VERSION", "ACTIVE", "DIGEST", "EXTENDS"], out
+    assert "minimal@1" in out, out
+    code, out, err = await cli.run_async("loadout", "apply", str(web), "-o", "json")
+    assert code == 0 and "unchanged: identical content is version 1" in err, (out, err)
+    first = json.loads(out)
+    assert (first["version"], first["created"], first["active"]) == (1, False, True)
+
+    web.write_text("name: web\nextends: minimal\ndescription: web v2\nresources: {cpus: 2}\n")
+    code, out, err = await cli.run_async("-o", "yaml", "loadout", "apply", str(web))
+    assert code == 0 and "saved as version 2" in err and "version: 2" in out, (out, err)
+
+    code, out, err = await cli.run_async("loadout", "versions", "web")
+    assert code == 0, (out, err)
+    rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
+    assert [row[:2] for row in rows] == [["1", "yes"], ["2", "no"]], out
+    assert rows[0][2] == first["digest"][:12], out
+
+    code, out, err = await cli.run_async(
+        "loadout", "activate", "web", "2", "--expected-version", "1", "-o", "json"
+    )
+    assert code == 0, (out, err)
+    assert json.loads(out) == {"name": "web", "active_version": 2, "previous_version": 1}
+    code, out, err = await cli.run_async(
+        "loadout", "activate", "web", "1", "--expected-version", "1"
+    )
+    assert code == 5 and "is 2, not 1" in err, (out, err)  # stale: someone moved it
+    code, out, err = await cli.run_async("loadout", "activate", "web", "1")  # expects the current
+    assert code == 0, (out, err)
+    code, out, err = await cli.run_async("loadout", "versions", "web", "-o", "json")
+    assert json.loads(out)["active_version"] == 1
+    code, out, err = await cli.run_async("loadout", "list")
+    assert out.splitlines()[0].split()[:3] == ["NAME", "VERSION", "OWNER"], out
+    assert next(line.split()[:3] for line in out.splitlines() if line.startswith("web ")) == [
+        "web",
+        "1",
+        "admin",
+    ], out
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nresources: {cpus: 0}\n")
+    code, out, err = await cli.run_async("loadout", "apply", str(bad))
+    assert code == 6 and "spec.resources.cpus" in err, (out, err)
+    bad.write_text("name: [unclosed\n")
+    code, out, err = await cli.run_async("loadout", "apply", str(bad))
+    assert code == 6 and "not valid YAML" in err, (out, err)
+    code, out, err = await cli.run_async("loadout", "apply", str(tmp_path / "missing.yaml"))
+    assert code == 6 and "cannot read" in err, (out, err)
+    code, out, err = await cli.run_async("loadout", "versions", "no-such")
+    assert code == 3, (out, err)
+    viewer = await r.make_token("vera", "viewer")
+    code, out, err = await cli.run_async("loadout", "apply", str(web), token=viewer)
+    assert code == 4, (out, err)

@@ -18,6 +18,7 @@ EXPECTED_TABLES = {
     "instances",
     "snapshots",
     "loadouts",
+    "loadout_versions",
     "sessions",
     "tasks",
     "runs",

@@ -105,7 +105,7 @@ async def test_create_refuses_what_cannot_work_before_recording_anything(fleet: 
     instances = fleet.comp.instances
     cases: list[tuple[NewInstance, str]] = [
         (vm("e-1", loadout="nope"), "loadout"),
-        (vm("e-1", loadout_spec={"name": "x", "extends": "nope"}), "loadout"),
+        (vm("e-1", loadout_spec={"name": "x", "extends": "nope"}), "loadout_spec.extends"),
         (NewInstance(id="e-1", image="no-such-image"), "image"),
         (NewInstance(id="e-1", image=IMAGE, from_pool=True), "from_pool"),
     ]

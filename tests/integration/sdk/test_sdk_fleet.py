@@ -15,10 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from agentic_sandbox import AsyncClient
+from agentic_sandbox import AsyncClient, Client
 from agentic_sandbox.broker.instances import FleetComponent
 from agentic_sandbox.images import ImageStore
-from agentic_sandbox.sdk import NotFound, Operation, OperationFailed, Unavailable
+from agentic_sandbox.sdk import (
+    Conflict,
+    NotFound,
+    Operation,
+    OperationFailed,
+    Unavailable,
+    ValidationFailed,
+)
 from tests.fleet_support.testdriver import node_uri
 from tests.inproc import Running, make_settings, start_server
 from tests.integration.cli.test_sandboxctl_fleet import golden_console_says_done
@@ -155,3 +162,41 @@ async def test_without_a_fleet_the_admin_api_says_unavailable(tmp_path: Path) ->
             await sbx.instances.create("vm-x")
         assert exc.value.status == 503 and "disabled" in str(exc.value)
         assert exc.value.retry_after == 60
+
+
+async def test_versioned_loadouts_async_and_blocking(fleet: tuple[Running, AsyncClient]) -> None:
+    r, sbx = fleet
+    spec = {"name": "sdk-web", "extends": "minimal", "description": "v1"}
+    first = await sbx.loadouts.apply(spec)
+    assert (first.name, first.version, first.created, first.active) == ("sdk-web", 1, True, True)
+    assert first.extends is not None and (first.extends.name, first.extends.version) == (
+        "minimal",
+        1,
+    )
+    again = await sbx.loadouts.apply(dict(reversed(list(spec.items()))))
+    assert (again.version, again.digest, again.created) == (1, first.digest, False)
+
+    def blocking() -> tuple[int, int, int]:
+        with Client(r.url, r.admin_token) as c:
+            second = c.loadouts.apply({**spec, "description": "v2"})
+            listed = c.loadouts.versions("sdk-web")
+            moved = c.loadouts.activate("sdk-web", 2, expected_version=1)
+            return second.version, len(listed.items), moved.active_version
+
+    assert await asyncio.to_thread(blocking) == (2, 2, 2)
+    with pytest.raises(Conflict) as err:
+        await sbx.loadouts.activate("sdk-web", 1, expected_version=1)
+    assert err.value.problem["active_version"] == 2
+    active = await sbx.loadouts.get("sdk-web")
+    assert (active.version, active.description) == (2, "v2")
+    old = await sbx.loadouts.get("sdk-web", 1)
+    assert (old.version, old.spec["description"], old.active) == (1, "v1", False)
+    with pytest.raises(ValidationFailed) as bad:
+        await sbx.loadouts.apply({"name": "sdk-bad", "resources": {"cpus": 0}})
+    assert list(bad.value.fields) == ["body.spec.resources.cpus"], bad.value
+    op = await sbx.instances.create(
+        "sdk-lv", image=IMAGE, loadout="sdk-web", loadout_version=1, wait_ready=False
+    )
+    await sbx.operations.wait(op)
+    inst = await sbx.instances.get("sdk-lv")
+    assert (inst.loadout, inst.loadout_version, inst.loadout_digest) == ("sdk-web", 1, first.digest)

@@ -73,7 +73,7 @@ def path_values(stack: Stack, path: str, real: bool) -> tuple[str, bool]:
         "token_id": ids["token"] if real else "0" * 16,
         "key_id": ids["key"] if real else "0" * 16,
     }
-    other = {"operation_id": "op-" + "0" * 12, "key": "no-such-pool"}
+    other = {"operation_id": "op-" + "0" * 12, "key": "no-such-pool", "version": "1"}
     parts = path.split("/")
     collection = parts[parts.index("{name}") - 1] if "{name}" in parts else ""
     if collection == "secrets":

@@ -7,6 +7,7 @@ import { CreateDialog, loadOperations } from "/static/create.js";
 import { $, debounce, fmtDuration } from "/static/dom.js";
 import { EventFeed, EventsPanel, renderFeedStatus } from "/static/events.js";
 import { InstancesView } from "/static/instances.js";
+import { LoadoutsView } from "/static/loadouts.js";
 import { CastPlayer, parseCast } from "/static/player.js";
 import { SessionsRoom } from "/static/sessions.js";
 import { TasksView } from "/static/tasks.js";
@@ -22,6 +23,7 @@ const ROLE_RANK = { viewer: 0, operator: 1, admin: 2 };
 const app = {
   agents: new Map(),
   canOperate: () => Boolean(me) && ROLE_RANK[me.role] >= ROLE_RANK.operator,
+  isAdmin: () => Boolean(me) && me.role === "admin",
   openTerminal,
   openPlayer,
   openCreate: (opts) => create.open(opts),
@@ -32,6 +34,7 @@ const instances = new InstancesView(app);
 app.instances = instances;
 const sessions = new SessionsRoom(app);
 const tasks = new TasksView(app);
+const loadouts = new LoadoutsView(app, $("#loadouts-panel"));
 const create = new CreateDialog(app);
 const eventsPanel = new EventsPanel();
 
@@ -220,7 +223,7 @@ async function showApp() {
   $("#create-open").disabled = !app.canOperate();
   $("#new-session button[type=submit]").disabled = !app.canOperate();
   startFeed();
-  await Promise.all([instances.load(), sessions.load(), tasks.load(), loadOperations()]);
+  await Promise.all([instances.load(), sessions.load(), tasks.load(), loadouts.load(), loadOperations()]);
   document.body.dataset.loaded = "app"; // every request of the load answered (tests wait on it)
 }
 

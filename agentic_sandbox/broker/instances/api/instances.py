@@ -38,6 +38,9 @@ class InstanceCreate(Input):
         description="image name, or a recipe name (its cached build is used); default recipe",
     )
     loadout: str = Field(default="minimal", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    loadout_version: int | None = Field(
+        default=None, ge=1, description="a version of `loadout`; default: its active one"
+    )
     from_snapshot: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$",
@@ -68,6 +71,7 @@ class InstanceCreate(Input):
             id=self.id,
             image=self.image,
             loadout=self.loadout,
+            loadout_version=self.loadout_version,
             loadout_spec=self.loadout_spec,
             from_snapshot=self.from_snapshot,
             from_pool=self.from_pool,

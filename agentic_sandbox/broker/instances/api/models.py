@@ -53,6 +53,11 @@ class InstanceOut(Output):
     host: str | None
     image: str | None
     loadout: str | None
+    loadout_version: int | None = Field(
+        default=None,
+        description="the exact loadout version it was made from (null: an inline loadout)",
+    )
+    loadout_digest: str | None = Field(default=None, description="that version's SHA-256")
     vcpus: int
     memory_mib: int
     disk_gib: int | None = None

@@ -20,6 +20,9 @@ api = FleetRoutes()
 class PoolCreate(Input):
     image: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,127}$")
     loadout: str = Field(default="minimal", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    loadout_version: int | None = Field(
+        default=None, ge=1, description="a version of the loadout; default: its active one"
+    )
     network: Literal["isolated", "nat"] | None = None
     size: int = Field(default=2, ge=0, le=64)
 
@@ -28,6 +31,7 @@ class PoolOut(Output):
     key: str
     image: str
     loadout: str
+    loadout_version: int | None
     network: str
     size: int
     ready: int
@@ -44,6 +48,7 @@ def pool_out(view: PoolView) -> PoolOut:
         key=rec.key,
         image=rec.image,
         loadout=rec.loadout,
+        loadout_version=rec.loadout_version,
         network=rec.network,
         size=rec.size,
         ready=view.ready,
@@ -57,13 +62,18 @@ def pool_out(view: PoolView) -> PoolOut:
     response=OperationOut,
     status=202,
     role=Role.admin,
-    summary="Prepare (or resize) a warm pool for an image + loadout + network",
+    summary="Prepare (or resize) a warm pool for an image + loadout version + network",
     tag="pools",
 )
 async def create_pool(call: Call[PoolCreate, NoQuery]) -> OperationOut:
     b = call.body
     op = await call.app[POOLS].prepare(
-        call.require_principal(), image=b.image, loadout=b.loadout, network=b.network, size=b.size
+        call.require_principal(),
+        image=b.image,
+        loadout=b.loadout,
+        loadout_version=b.loadout_version,
+        network=b.network,
+        size=b.size,
     )
     return OperationOut.model_validate(op)
 

@@ -64,7 +64,7 @@ def instance_problem(exc: InstanceError) -> ProblemError:
     if isinstance(exc, ForbiddenError):
         return ProblemError(403, exc.message)
     if isinstance(exc, ConflictError):
-        return conflict(exc.message, code=exc.code)
+        return conflict(exc.message, code=exc.code, extra=dict(exc.extra))
     if isinstance(exc, InvalidInput):
         field = f"body.{exc.field}"
         return ProblemError(
