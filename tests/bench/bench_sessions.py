@@ -207,15 +207,31 @@ def pin_process(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary context switches of all of a process's threads so far (a thread hop, a wait
+    for I/O: each is one)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
 class Cpu:
-    """CPU seconds of named processes between two points."""
+    """CPU seconds (and voluntary context switches) of named processes between two points."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.t0 = {k: process_cpu_seconds(p) for k, p in pids.items()}
+        self.cs0 = {k: context_switches(p) for k, p in pids.items()}
 
     def done(self) -> dict[str, float]:
         return {k: process_cpu_seconds(p) - self.t0[k] for k, p in self.pids.items()}
+
+    def switches(self) -> dict[str, int]:
+        return {k: context_switches(p) - self.cs0[k] for k, p in self.pids.items()}
 
 
 # ==================================================================== clients
@@ -292,6 +308,8 @@ async def bench_keystrokes(b: Bench, n: int, rounds: int) -> None:
         srv_rtt: list[float] = []
         base_cpu = {"relay": 0.0}
         srv_cpu = {"server": 0.0, "agent": 0.0}
+        base_cs = {"relay": 0}
+        srv_cs = {"server": 0, "agent": 0}
         for r in range(rounds):
             order = ("relay", "server") if r % 2 == 0 else ("server", "relay")
             for path in order:
@@ -300,11 +318,15 @@ async def bench_keystrokes(b: Bench, n: int, rounds: int) -> None:
                     base_rtt += await keystrokes(bws, per, 0)
                     for k, v in cpu.done().items():
                         base_cpu[k] += v
+                    for k, c in cpu.switches().items():
+                        base_cs[k] += c
                 else:
                     cpu = Cpu(b.server_pids())
                     srv_rtt += await keystrokes(sws, per, 0)
                     for k, v in cpu.done().items():
                         srv_cpu[k] += v
+                    for k, c in cpu.switches().items():
+                        srv_cs[k] += c
         await bws.close()
         await sws.close()
         b.server.ok("POST", f"/api/v2/admin/sessions/{sid}/kill")
@@ -315,9 +337,17 @@ async def bench_keystrokes(b: Bench, n: int, rounds: int) -> None:
     RESULTS["keystroke_rtt"] = {
         "command": ECHO_CMD,
         "rounds": rounds,
-        "baseline_direct_ws_pty": {**bm, "cpu_us_per_keystroke": base_us["relay"]},
+        "baseline_direct_ws_pty": {
+            **bm,
+            "cpu_us_per_keystroke": base_us["relay"],
+            "context_switches_per_keystroke": round(base_cs["relay"] / len(base_rtt), 2),
+        },
         "server": {
             **sm,
+            "server_context_switches_per_keystroke": round(srv_cs["server"] / len(srv_rtt), 2),
+            "agent_context_switches_per_keystroke": round(srv_cs["agent"] / len(srv_rtt), 2),
+            "server_threads": len(os.listdir(f"/proc/{b.server.pid}/task")),
+            "agent_threads": len(os.listdir(f"/proc/{b.agent_pid}/task")),
             "cpu_us_per_keystroke": srv_total,
             "server_cpu_us_per_keystroke": srv_us["server"],
             "agent_cpu_us_per_keystroke": srv_us["agent"],
@@ -950,6 +980,17 @@ def comparison_rows() -> list[tuple[str, str, str, str, str, str]]:
                 f"{k['ratio_cpu']}x",
                 "<= 3x",
                 met(k["ratio_cpu"] is not None and k["ratio_cpu"] <= 3),
+            )
+        )
+        rows.append(
+            (
+                "context switches per keystroke",
+                f"{s['server_context_switches_per_keystroke']} + "
+                f"{s['agent_context_switches_per_keystroke']}",
+                f"{b['context_switches_per_keystroke']}",
+                "",
+                "",
+                "",
             )
         )
     o = RESULTS.get("output")
