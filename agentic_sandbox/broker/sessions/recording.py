@@ -31,8 +31,31 @@ log = logging.getLogger(__name__)
 _CKPT = struct.Struct(">QQ")
 BUFFER_BYTES = 256 * 1024
 BATCH_SECONDS = 0.02  # output chunks closer than this to a batch's first one join its event
-BATCH_BYTES = 256 * 1024  # a batch closes at this size
-_encode_string = json.encoder.encode_basestring  # the C encoder json.dumps uses (no ASCII escapes)
+BATCH_BYTES = 64 * 1024  # a batch closes at this size (larger buffers come from mmap: page faults)
+_c_encode = json.encoder.encode_basestring  # json.dumps's C encoder (ensure_ascii=False)
+_SPECIAL = bytes(range(32)) + b'"\\'  # the characters a JSON string escapes
+_NOT_SPECIAL = bytes(b for b in range(256) if b not in _SPECIAL)
+_ESCAPES = {c: _c_encode(chr(c))[1:-1].encode() for c in _SPECIAL}
+
+
+def encode_string(text: str) -> bytes:
+    """`text` as a JSON string literal, UTF-8: the bytes `json.dumps(text, ensure_ascii=False)`
+    makes. ASCII text with few characters to escape (plain output, log lines) is escaped in a
+    few whole-buffer passes (`bytes.translate` finds which occur, `bytes.replace` each), two to
+    four times faster than the C encoder's per-character loop; anything else goes to it."""
+    if text.isascii():
+        raw = text.encode()
+        if raw.count(b"\n") * 16 <= len(raw):  # dense lines (`yes`) are the encoder's
+            special = raw.translate(None, _NOT_SPECIAL)
+            if len(special) * 16 <= len(raw):
+                present = set(special)
+                if 92 in present:  # the backslash first: the other escapes add backslashes
+                    raw = raw.replace(b"\\", b"\\\\")
+                    present.discard(92)
+                for c in present:
+                    raw = raw.replace(bytes((c,)), _ESCAPES[c])
+                return b'"' + raw + b'"'
+    return _c_encode(text).encode()
 
 
 class Recording:
@@ -140,10 +163,10 @@ class Recording:
             return None
 
     # ---- events -------------------------------------------------------------------------------
-    def _line(self, wall: float, code: str, encoded: str) -> None:
+    def _line(self, wall: float, code: str, encoded: bytes) -> None:
         """Write one event; `encoded` is its data as a JSON string literal."""
         t = round(max(0.0, wall - self.started_wall), 6)
-        line = f'[{t!r}, "{code}", {encoded}]\n'.encode()
+        line = b"".join((f'[{t!r}, "{code}", '.encode(), encoded, b"]\n"))
         if self.max_bytes and self._file.tell() + len(line) > self.max_bytes:
             self.truncated = True
             self._batch.clear()
@@ -167,13 +190,13 @@ class Recording:
             return
         text = self._decoder.decode(data)
         if text:
-            self._line(self._batch_time, "o", _encode_string(text))
+            self._line(self._batch_time, "o", encode_string(text))
 
     def _event(self, code: str, data: str) -> None:
         self._close_batch()  # events stay in the order they happened
         if self.closed or self.truncated:
             return
-        self._line(time.time(), code, _encode_string(data))
+        self._line(time.time(), code, encode_string(data))
 
     def output(self, offset: int, data: bytes) -> None:
         if self.closed:

@@ -7,7 +7,10 @@ import struct
 import time
 from pathlib import Path
 
-from agentic_sandbox.broker.sessions.recording import Recording
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentic_sandbox.broker.sessions.recording import Recording, encode_string
 
 
 def _events(path: Path) -> tuple[dict[str, object], list[list[object]]]:
@@ -105,7 +108,7 @@ def test_output_close_together_is_one_event_in_order_with_the_others(
         max_bytes=0,
         record_input=False,
     )
-    for i, chunk in enumerate((b"a\"b", b"\\c\x1b[1m", "☃\n".encode())):  # within the window
+    for i, chunk in enumerate((b'a"b', b"\\c\x1b[1m", "☃\n".encode())):  # within the window
         clock[0] = 1000.5 + i * recording.BATCH_SECONDS / 10
         rec.output(rec.offset, chunk)
     clock[0] = 1001.0
@@ -138,3 +141,19 @@ def test_a_checkpoint_never_claims_output_still_in_a_batch(tmp_path: Path) -> No
     size, offset = struct.unpack(">QQ", (tmp_path / "c.cast.ckpt").read_bytes()[:16])
     assert offset == 10 and size == path.stat().st_size
     rec.close()
+
+
+@given(
+    st.text(
+        alphabet=st.sampled_from(["a", "b", " ", '"', "\\", "\n", "\r", "\x1b", "\x00", "\t", "é"])
+        | st.characters(),
+        max_size=300,
+    )
+)
+def test_encode_string_makes_the_bytes_json_dumps_makes(text: str) -> None:
+    assert encode_string(text) == json.dumps(text, ensure_ascii=False).encode()
+
+
+def test_encode_string_on_long_plain_and_sparse_output() -> None:
+    for text in ("x" * 70000, ('log line "q" \\ path\t\x1b[1m\r\n' * 3000), "y\n" * 5000):
+        assert encode_string(text) == json.dumps(text, ensure_ascii=False).encode()
