@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import struct
 import time
 from pathlib import Path
 
-from agentic_sandbox.broker.sessions.recording import Recording
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentic_sandbox.broker.sessions.recording import Recording, encode_string
 
 
 def _events(path: Path) -> tuple[dict[str, object], list[list[object]]]:
@@ -84,3 +88,72 @@ def test_size_limit_truncates_with_a_marker(tmp_path: Path) -> None:
     _, events = _events(path)
     assert events[-1][1] == "m" and "truncated" in str(events[-1][2])
     assert path.stat().st_size < 800
+
+
+def test_output_close_together_is_one_event_in_order_with_the_others(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    import agentic_sandbox.broker.sessions.recording as recording
+
+    clock = [1000.0]
+    monkeypatch.setattr(recording.time, "time", lambda: clock[0])  # type: ignore[attr-defined]
+    path = tmp_path / "b.cast"
+    rec = Recording.create(
+        path,
+        cols=80,
+        rows=24,
+        title="",
+        command=None,
+        started_wall=1000.0,
+        max_bytes=0,
+        record_input=False,
+    )
+    for i, chunk in enumerate((b'a"b', b"\\c\x1b[1m", "☃\n".encode())):  # within the window
+        clock[0] = 1000.5 + i * recording.BATCH_SECONDS / 10
+        rec.output(rec.offset, chunk)
+    clock[0] = 1001.0
+    rec.resize(100, 30)  # the batch is written before it
+    clock[0] = 1002.0
+    rec.output(rec.offset, b"x")
+    clock[0] = 1003.0
+    rec.output(rec.offset, b"y")  # past the window: an event of its own
+    rec.close()
+    lines = path.read_text().splitlines()[1:]
+    events = [json.loads(line) for line in lines]
+    assert events == [
+        [0.5, "o", 'a"b\\c\x1b[1m☃\n'],
+        [1.0, "r", "100x30"],
+        [2.0, "o", "x"],
+        [3.0, "o", "y"],
+    ]
+    # the same bytes json.dumps writes
+    assert lines == [json.dumps(e, ensure_ascii=False) for e in events]
+
+
+def test_a_checkpoint_never_claims_output_still_in_a_batch(tmp_path: Path) -> None:
+    path = tmp_path / "c.cast"
+    rec = _make(path)
+    rec.output(0, b"0123456789")
+    rec.checkpoint()  # the batch is not written yet
+    size, offset = struct.unpack(">QQ", (tmp_path / "c.cast.ckpt").read_bytes()[:16])
+    assert offset == 0 and size == path.stat().st_size
+    rec.flush()  # writes the batch, then checkpoints it
+    size, offset = struct.unpack(">QQ", (tmp_path / "c.cast.ckpt").read_bytes()[:16])
+    assert offset == 10 and size == path.stat().st_size
+    rec.close()
+
+
+@given(
+    st.text(
+        alphabet=st.sampled_from(["a", "b", " ", '"', "\\", "\n", "\r", "\x1b", "\x00", "\t", "é"])
+        | st.characters(blacklist_categories=("Cs",)),  # text decoded from UTF-8 has none
+        max_size=300,
+    )
+)
+def test_encode_string_makes_the_bytes_json_dumps_makes(text: str) -> None:
+    assert encode_string(text) == json.dumps(text, ensure_ascii=False).encode()
+
+
+def test_encode_string_on_long_plain_and_sparse_output() -> None:
+    for text in ("x" * 70000, ('log line "q" \\ path\t\x1b[1m\r\n' * 3000), "y\n" * 5000):
+        assert encode_string(text) == json.dumps(text, ensure_ascii=False).encode()
