@@ -5,15 +5,17 @@ streams multiplexed on the link's one `Connect` stream, opened by either side (s
 agent ids even), numbered channels each with its own credit-based flow control and
 half-close, and one close per side carrying a typed result or an error.
 
-What the rest of the server uses (exec now; file transfers and port forwards next):
+What the rest of the server uses (exec and files now; port forwards next), with the typed
+values of `stream_kinds.py` (no protobuf outside this package):
 
-    stream = conn.streams.open(pb.StreamOpen(exec=spec))    # TooManyStreams, LinkClosed
-    accept = await stream.accepted()                        # StreamRefused / StreamLost
+    stream = conn.streams.open(ExecSpec(argv=[...]))        # TooManyStreams, LinkClosed
+    info = await stream.started()                           # StreamRefused / StreamLost
     await stream.write(0, data); stream.end(0)              # waits for the agent's credit
     async for chunk in stream:                              # Chunk(channel, data, eof);
         ...                                                 # credit goes back as you take them
-    close = await stream.closed()                           # the agent's close (result)
+    result = await stream.result()                          # the agent's close: typed result
     stream.cancel("canceled", "the caller went away")       # any time; idempotent
+    stream.expire_at(deadline)                              # one deadline for the whole stream
 
 Agent-opened streams (egress) are handed to an acceptor registered by kind
 (`LinkStreams.acceptors`); none is registered yet, so the agent is told `unsupported`.
@@ -38,6 +40,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
+from agentic_sandbox.broker.agentlink.stream_kinds import (
+    OpenSpec,
+    Result,
+    Started,
+    accept_info,
+    close_result,
+    to_open,
+)
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -104,10 +114,33 @@ class ServerStream:
         self.failure: StreamError | None = None
         self._accept.add_done_callback(_consume)
         self._close.add_done_callback(_consume)
+        self._deadline: asyncio.TimerHandle | None = None
 
     # ---- opening ---------------------------------------------------------------------------
     async def accepted(self) -> pb.StreamAccept:
         return await asyncio.shield(self._accept)
+
+    async def started(self) -> Started:
+        """The agent's accept, as its kind's typed info (`StreamRefused`, `StreamLost`)."""
+        return accept_info(await self.accepted())
+
+    # ---- the deadline ------------------------------------------------------------------------
+    def expire_at(self, when: float | None, message: str = "the stream ran out of time") -> None:
+        """At loop time `when` (None: never), the stream fails with `StreamLost("timeout")`
+        — every wait on it ends — and the agent is told to stop: one timer for the whole
+        stream rather than a timeout on each read."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if when is not None:
+            self._deadline = self._loop.call_at(when, self._expire, message)
+
+    def _expire(self, message: str) -> None:
+        self._deadline = None
+        if self._close.done() and not self._inbox:
+            return
+        self._fail(StreamLost("timeout", message))
+        self.cancel("canceled", message)
 
     # ---- sending ---------------------------------------------------------------------------
     def room(self, channel: int) -> int:
@@ -207,12 +240,28 @@ class ServerStream:
         """The agent's close; raises `StreamLost` when the link (or the stream) failed."""
         return await asyncio.shield(self._close)
 
+    async def result(self) -> Result:
+        """The agent's close as its kind's typed result; a close with an error (or without
+        a result) raises `StreamError` with the agent's code, message and field."""
+        close = await self.closed()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        out = close_result(close)
+        if close.HasField("error") or out is None:
+            err = close.error
+            raise StreamError(err.code or "agent-error", err.message or "no result", err.field)
+        return out
+
     # ---- ending ------------------------------------------------------------------------------
     def cancel(self, code: str = "canceled", message: str = "cancelled by the server") -> None:
         """Close our side with an error (the agent stops and answers with its close)."""
         if self.local_closed:
             return
         self.local_closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._outq.clear()
         self._out_free.set()
         self._table._send(
@@ -224,6 +273,9 @@ class ServerStream:
         self._table._cancelled(self)
 
     def _fail(self, error: StreamError) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.failure is None:
             self.failure = error
         for fut in (self._accept, self._close):
@@ -321,8 +373,9 @@ class LinkStreams:
         return len(self._streams)
 
     # ---- opening ---------------------------------------------------------------------------
-    def open(self, msg: pb.StreamOpen) -> ServerStream:
-        """Open a stream on the agent (kind and spec in `msg`)."""
+    def open(self, spec: OpenSpec | pb.StreamOpen) -> ServerStream:
+        """Open a stream on the agent (its kind and spec: a typed spec of `stream_kinds`)."""
+        msg = spec if isinstance(spec, pb.StreamOpen) else to_open(spec)
         if self._closed is not None:
             raise self._closed
         if len(self._streams) >= self.max_streams:
