@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, TypedDict, Unpack
 
 from agentic_sandbox.sdk.errors import SandboxError
+from agentic_sandbox.sdk.files import AsyncFiles
 from agentic_sandbox.sdk.models import (
     Agent,
     Console,
@@ -77,15 +78,14 @@ def _exec_body(argv: Sequence[str], opts: ExecOptions) -> dict[str, Any]:
 
 
 class AsyncInstances(Resource):
-    """Instances, and commands run on them over their agent link (`exec`, `exec_stream`).
-    Where the other sandbox-boundary calls go once the server has their routes: files and
-    ports as resources of their own (`client.files`: upload, download, list, stat, remove over
-    `…/instances/{id}/files`; `client.ports`: forward a local port over `…/ports/{port}`), each
-    with its `Client` facade line in `sync.py`."""
+    """Instances, commands run on them over their agent link (`exec`, `exec_stream`) and
+    their files (`files`: upload, download, list, stat, mkdir, remove). Ports go beside them
+    once the server has their routes (`instances.ports`, with its facade line in `sync.py`)."""
 
     def __init__(self, transport: Transport, operations: AsyncOperations) -> None:
         super().__init__(transport)
         self._ops = operations
+        self.files = AsyncFiles(transport)
 
     async def create(
         self,
