@@ -117,6 +117,20 @@ def info_out(i: FileInfo) -> FileInfoOut:
     )
 
 
+async def _why(stream: ServerStream, exc: StreamError) -> StreamError:
+    """What ended a stream our write found closed: the agent's own error when it sent one
+    (no space, a bad tar member…), else `exc`."""
+    if exc.code != "closed":
+        return exc
+    try:
+        await asyncio.wait_for(stream.result(), 1.0)
+    except StreamError as agent:
+        return agent
+    except TimeoutError:
+        pass
+    return exc
+
+
 @dataclass
 class Target:
     """The instance a request acts on: its live agent link and who asks."""
@@ -302,7 +316,7 @@ class FilesService:
                 )
             done = True
         except StreamError as exc:
-            raise problem(exc, spec.path) from None
+            raise problem(await _why(stream, exc), spec.path) from None
         finally:
             if not done:
                 stream.cancel("canceled", "the upload did not finish")
