@@ -108,8 +108,10 @@ class AsyncFiles(Resource):
 
     async def stat(self, instance_id: str, path: str, *, follow_symlinks: bool = False) -> FileInfo:
         """The path's type, size, mode, owner and mtime."""
-        params = {"path": path, "stat": True, "follow_symlinks": follow_symlinks or None}
-        return await self._t.model(FileInfo, "GET", self._path(instance_id), params=params)
+        params = {"path": path, "follow_symlinks": follow_symlinks or None}
+        return await self._t.model(
+            FileInfo, "GET", self._path(instance_id) + "/stat", params=params
+        )
 
     async def list(
         self,
@@ -120,13 +122,10 @@ class AsyncFiles(Resource):
         limit: int | None = None,
     ) -> FileList:
         """The directory's entries (`truncated` when there were more than listed)."""
-        params = {
-            "path": path,
-            "list": True,
-            "follow_symlinks": follow_symlinks or None,
-            "limit": limit,
-        }
-        return await self._t.model(FileList, "GET", self._path(instance_id), params=params)
+        params = {"path": path, "follow_symlinks": follow_symlinks or None, "limit": limit}
+        return await self._t.model(
+            FileList, "GET", self._path(instance_id) + "/list", params=params
+        )
 
     async def mkdir(
         self, instance_id: str, path: str, *, parents: bool = False, mode: int | None = None

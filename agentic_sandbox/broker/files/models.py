@@ -42,6 +42,12 @@ class FileGet(Input):
     limit: int | None = Field(default=None, ge=1, le=10_000, description="entries of a list")
 
 
+class FileQuery(Input):
+    path: GuestPath
+    follow_symlinks: Flag = False
+    limit: int | None = Field(default=None, ge=1, le=10_000, description="entries of a list")
+
+
 class FilePut(Input):
     path: GuestPath
     directory: Flag = Field(

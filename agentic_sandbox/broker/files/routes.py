@@ -23,6 +23,7 @@ from agentic_sandbox.broker.files.models import (
     FileInfoOut,
     FileListOut,
     FilePut,
+    FileQuery,
     MkdirRequest,
     RemovedOut,
     UploadOut,
@@ -91,12 +92,7 @@ async def get_file(call: Call[NoBody, FileGet]) -> web.StreamResponse | FileList
     if q.stat:
         return info_out(await service.stat(t, q.path, q.follow_symlinks))
     if q.list:
-        listing = await service.list(t, q.path, q.follow_symlinks, q.limit)
-        return FileListOut(
-            path=q.path,
-            items=[info_out(e) for e in listing.entries],
-            truncated=listing.truncated,
-        )
+        return await _listing(service, t, q.path, q.follow_symlinks, q.limit)
     with service.slot(t.instance_id), services(call.request).streams.open(who, "files") as lease:
         stream, info = await service.open_download(t, q.path, q.follow_symlinks)
         lease.on_revoke(lambda reason: stream.cancel("canceled", f"credential revoked: {reason}"))
@@ -130,6 +126,50 @@ async def get_file(call: Call[NoBody, FileGet]) -> web.StreamResponse | FileList
             if call.request.transport is not None:
                 call.request.transport.close()
         return resp
+
+
+async def _listing(
+    service: FilesService, t: Target, path: str, follow: bool, limit: int | None
+) -> FileListOut:
+    listing = await service.list(t, path, follow, limit)
+    return FileListOut(
+        path=path, items=[info_out(e) for e in listing.entries], truncated=listing.truncated
+    )
+
+
+@api.get(
+    PATH + "/list",
+    query=FileQuery,
+    response=FileListOut,
+    role=Role.viewer,
+    summary="List a directory (the same as GET …/files?path=…&list)",
+    tag="files",
+    responses=READ_ERRORS,
+)
+async def list_files(call: Call[NoBody, FileQuery]) -> FileListOut:
+    """Entries sorted by name, symlinks as themselves (`link_target`); at most `limit`
+    (10000), `truncated` past it."""
+    who = call.require_principal()
+    t = await _target(call, who, change=False)
+    q = call.query
+    return await _listing(call.app[FILES_KEY], t, q.path, q.follow_symlinks, q.limit)
+
+
+@api.get(
+    PATH + "/stat",
+    query=FileQuery,
+    response=FileInfoOut,
+    role=Role.viewer,
+    summary="Stat a path (the same as GET …/files?path=…&stat)",
+    tag="files",
+    responses=READ_ERRORS,
+)
+async def stat_file(call: Call[NoBody, FileQuery]) -> FileInfoOut:
+    """A symlink is described as itself unless `follow_symlinks`."""
+    who = call.require_principal()
+    t = await _target(call, who, change=False)
+    q = call.query
+    return info_out(await call.app[FILES_KEY].stat(t, q.path, q.follow_symlinks))
 
 
 @api.put(
