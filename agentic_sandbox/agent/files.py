@@ -54,13 +54,15 @@ from agentic_sandbox.agent.paths import (
     refusal,
     user_name,
 )
-from agentic_sandbox.agent.streams import CHUNK, Stream
+from agentic_sandbox.agent.streams import MAX_FRAME, Stream
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 DATA_IN, DATA_OUT, DIGEST = 0, 1, 3
 BATCH = 1024 * 1024  # what the worker reads or writes at once
+WINDOW = 2 * 1024 * 1024  # what an upload grants per channel: bulk, fewer credit round trips
+FRAME = MAX_FRAME  # a transfer's frames are the largest a receiver takes (fewer per byte)
 LIST_LIMIT = 10_000
 KINDS = ("file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove")
 
@@ -187,7 +189,7 @@ class Bridge:
                 self._credit.clear()
                 await self._credit.wait()
                 continue
-            n = min(room, CHUNK, len(view))
+            n = min(room, FRAME, len(view))
             self.stream.send(channel, bytes(view[:n]))
             view = view[n:]
 
@@ -297,6 +299,7 @@ def open_file_stream(
     loop = asyncio.get_running_loop()
     bridge = Bridge(stream, loop)
     if kind == "file_upload":
+        stream.window = WINDOW
         return bridge, _upload(ctx, bridge, msg.file_upload)
     if kind == "file_download":
         return bridge, _download(bridge, msg.file_download)

@@ -94,9 +94,12 @@ Acceptor = Callable[["ServerStream", pb.StreamOpen], Awaitable[None]]
 class ServerStream:
     """One stream on a link, as its user sees it."""
 
-    def __init__(self, table: LinkStreams, stream_id: int, peer_window: int) -> None:
+    def __init__(
+        self, table: LinkStreams, stream_id: int, peer_window: int, window: int = 0
+    ) -> None:
         self.id = stream_id
         self._table = table
+        self.window = window or table.window  # what we grant per channel before any credit
         self._loop = asyncio.get_running_loop()
         self._peer_window = peer_window
         self._credit: dict[int, int] = {}
@@ -146,8 +149,10 @@ class ServerStream:
     def room(self, channel: int) -> int:
         return self._credit.get(channel, self._peer_window)
 
-    async def write(self, channel: int, data: bytes) -> None:
-        """Send `data` on `channel` as the agent's credit allows (in chunks)."""
+    async def write(self, channel: int, data: bytes, *, chunk: int = CHUNK) -> None:
+        """Send `data` on `channel` as the agent's credit allows, in frames of `chunk` bytes
+        (at most `MAX_FRAME`: bulk transfers use fewer, larger frames)."""
+        chunk = min(chunk, MAX_FRAME)
         view = memoryview(data)
         while view:
             self._raise_if_done()
@@ -156,7 +161,7 @@ class ServerStream:
                 self._credit_event.clear()
                 await self._wait(self._credit_event)
                 continue
-            n = min(room, CHUNK, len(view))
+            n = min(room, chunk, len(view))
             self._credit[channel] = room - n  # reserved before waiting for the queue
             await self._queue(
                 pb.StreamFrame(
@@ -225,9 +230,9 @@ class ServerStream:
         if n <= 0 or self.local_closed or self._close.done():
             return
         owed = self._owed.get(channel, 0) + n
-        if owed >= self._table.window // 4:
+        if owed >= self.window // 4:
             self._owed[channel] = 0
-            self._allowance[channel] = self._allowance.get(channel, self._table.window) + owed
+            self._allowance[channel] = self._allowance.get(channel, self.window) + owed
             self._table._send(
                 pb.StreamFrame(
                     stream_id=self.id, credit=pb.StreamCredit(channel=channel, bytes=owed)
@@ -303,7 +308,7 @@ class ServerStream:
                 return f"channel {ch} out of range"
             if n > MAX_FRAME:
                 return f"a data frame of {n} bytes (at most {MAX_FRAME})"
-            left = self._allowance.get(ch, self._table.window)
+            left = self._allowance.get(ch, self.window)
             if n > left:
                 return f"{n} bytes on channel {ch} with {left} granted"
             self._allowance[ch] = left - n
@@ -373,8 +378,10 @@ class LinkStreams:
         return len(self._streams)
 
     # ---- opening ---------------------------------------------------------------------------
-    def open(self, spec: OpenSpec | pb.StreamOpen) -> ServerStream:
-        """Open a stream on the agent (its kind and spec: a typed spec of `stream_kinds`)."""
+    def open(self, spec: OpenSpec | pb.StreamOpen, *, window: int = 0) -> ServerStream:
+        """Open a stream on the agent (its kind and spec: a typed spec of `stream_kinds`);
+        `window`: what it accepts per channel before credit (default the link's; a bulk
+        transfer asks for more, up to `MAX_WINDOW`)."""
         msg = spec if isinstance(spec, pb.StreamOpen) else to_open(spec)
         if self._closed is not None:
             raise self._closed
@@ -382,9 +389,9 @@ class LinkStreams:
             raise TooManyStreams(f"this agent link has {len(self._streams)} streams (the limit)")
         sid = self._next_id
         self._next_id += 2
-        stream = ServerStream(self, sid, 0)
+        stream = ServerStream(self, sid, 0, min(window, MAX_WINDOW))
         self._streams[sid] = stream
-        msg.window = self.window
+        msg.window = stream.window
         try:
             self._send_message(pb.ServerMessage(stream=pb.StreamFrame(stream_id=sid, open=msg)))
         except Exception:

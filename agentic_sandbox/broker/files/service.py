@@ -57,6 +57,8 @@ from agentic_sandbox.broker.services import Services
 log = logging.getLogger(__name__)
 
 ACCEPT_TIMEOUT = 30.0  # the agent answers an open at once; under TCG it can take a while
+WINDOW = 2 * 1024 * 1024  # a download grants this per channel (bulk: fewer credit round trips)
+FRAME = 64 * 1024  # an upload's frames: the largest a receiver takes
 RESULT_TIMEOUT = 600.0  # after the last byte: fsync and rename of a big file on a slow disk
 DATA_OUT = 1
 #: the agent's refusal codes: HTTP status, problem code
@@ -201,9 +203,11 @@ class FilesService:
             close=True,
         )
 
-    async def _open(self, t: Target, spec: Any, path: str) -> tuple[ServerStream, Any]:
+    async def _open(
+        self, t: Target, spec: Any, path: str, window: int = 0
+    ) -> tuple[ServerStream, Any]:
         try:
-            stream = t.conn.streams.open(spec)
+            stream = t.conn.streams.open(spec, window=window)
         except TooManyStreams as exc:
             raise too_many(str(exc), 5) from None
         except (LinkClosed, StreamLost) as exc:
@@ -287,7 +291,7 @@ class FilesService:
                 if total > limit:
                     raise self._too_large(f"the body passed {limit} bytes")
                 digest.update(data)
-                await stream.write(0, data)
+                await stream.write(0, data, chunk=FRAME)
             await stream.end(0)
             ours = digest.digest()
             if expected is not None and ours.hex() != expected.lower():
@@ -343,7 +347,7 @@ class FilesService:
     async def open_download(
         self, t: Target, path: str, follow: bool
     ) -> tuple[ServerStream, FileInfo]:
-        stream, info = await self._open(t, FileDownload(path, follow), path)
+        stream, info = await self._open(t, FileDownload(path, follow), path, WINDOW)
         if not isinstance(info, FileInfo):
             stream.cancel("protocol", "a download accept without its info")
             raise ProblemError(502, f"{path}: the agent sent no file info", code="agent-error")
