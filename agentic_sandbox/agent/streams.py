@@ -2,8 +2,8 @@
 
 A stream is a typed, bidirectional byte pipe multiplexed on the one `Connect` stream the
 sessions use (a guest's forward carries one connection at a time: there is no second one).
-Either side opens streams: the server opens `exec` now (file transfers and port forwards
-next), the agent will open egress streams. Ids are the opener's: odd for the server's, even
+Either side opens streams: the server opens `exec` and `file_*` now (port forwards next),
+the agent will open egress streams. Ids are the opener's: odd for the server's, even
 for the agent's (`open()` here), never reused on a link.
 
 - **Channels**: numbered byte channels per stream (exec: 0 = stdin, 1 = stdout, 2 = stderr),
