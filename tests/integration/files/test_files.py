@@ -172,7 +172,7 @@ def peaks(sandbox_server: ServerProcess, agent: AgentProcess) -> Iterator[dict[s
     assert agent.proc is not None
     pids = {"server": sandbox_server.pid, "agent": agent.proc.pid}
     out = {name: rss(pid) for name, pid in pids.items()}
-    base = dict(out)
+    out.update({f"base_{name}": value for name, value in list(out.items())})
     stop = threading.Event()
 
     def sample() -> None:
@@ -182,7 +182,7 @@ def peaks(sandbox_server: ServerProcess, agent: AgentProcess) -> Iterator[dict[s
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    yield {"base_server": base["server"], "base_agent": base["agent"], **out}
+    yield out  # the same dict the sampler updates: read it after the transfer
     stop.set()
     t.join()
 
@@ -205,8 +205,10 @@ async def test_a_big_file_streams_with_flat_memory(
     local.unlink()
     got = await sbx.instances.files.download(agent.instance_id, str(remote), tmp_path / "big-back")
     assert got.sha256 == digest.hexdigest() and got.size == size
+    assert peaks["server"] > 0 and peaks["agent"] > 0
     for who in ("server", "agent"):
         grew = peaks[who] - peaks[f"base_{who}"]
+        print(f"{who}: RSS {peaks[f'base_{who}'] >> 20} -> peak {peaks[who] >> 20} MiB")
         assert grew < 64 * MiB, f"the {who}'s RSS grew by {grew >> 20} MiB for a 512 MiB transfer"
 
 
