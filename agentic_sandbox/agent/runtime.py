@@ -34,7 +34,7 @@ from importlib import metadata
 
 import grpc
 
-from agentic_sandbox.agent import cgroups, identity, pki
+from agentic_sandbox.agent import cgroups, files, identity, pki
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
@@ -43,7 +43,7 @@ from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
 from agentic_sandbox.agent.seedwatch import SeedWatcher
 from agentic_sandbox.agent.session import BATCH_BYTES, PtySession, SpawnError
-from agentic_sandbox.agent.streams import Stream, StreamHandler, StreamTable
+from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamTable
 from agentic_sandbox.agent.sysinfo import SysInfo
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -110,9 +110,9 @@ class AgentRuntime:
         self._ssh_keys_due = False  # new SSH host keys owed to a taken-on identity
         self._guarded: str | None = None
         self.cgroups = cgroups.Cgroups(problem="not detected yet")
-        self.streams = StreamTable(
-            {"exec": self._open_exec}, wake=self.wake, max_streams=config.max_streams
-        )
+        openers: dict[str, Opener] = {"exec": self._open_exec}
+        openers.update(dict.fromkeys(files.KINDS, self._open_file))
+        self.streams = StreamTable(openers, wake=self.wake, max_streams=config.max_streams)
         self._stream_turn = False
 
     @property
@@ -164,6 +164,11 @@ class AgentRuntime:
     ) -> tuple[StreamHandler, pb.StreamAccept]:
         ctx = ExecContext(self.cgroups, self.cfg.default_user)
         return ExecRun.open(ctx, stream, msg)
+
+    def _open_file(
+        self, stream: Stream, msg: pb.StreamOpen
+    ) -> tuple[StreamHandler, pb.StreamAccept]:
+        return files.open_file_stream(files.FilesContext(self.cfg.default_user), stream, msg)
 
     def _forget(self, sid: str) -> None:
         sess = self.sessions.pop(sid, None)

@@ -2,8 +2,8 @@
 
 A stream is a typed, bidirectional byte pipe multiplexed on the one `Connect` stream the
 sessions use (a guest's forward carries one connection at a time: there is no second one).
-Either side opens streams: the server opens `exec` now (file transfers and port forwards
-next), the agent will open egress streams. Ids are the opener's: odd for the server's, even
+Either side opens streams: the server opens `exec` and `file_*` now (port forwards next),
+the agent will open egress streams. Ids are the opener's: odd for the server's, even
 for the agent's (`open()` here), never reused on a link.
 
 - **Channels**: numbered byte channels per stream (exec: 0 = stdin, 1 = stdout, 2 = stderr),
@@ -84,6 +84,9 @@ class Stream:
         self.id = stream_id
         self._table = table
         self._peer_window = min(max(peer_window, 0), MAX_WINDOW)
+        # what we grant per channel before any credit; an opener may raise it (up to
+        # MAX_WINDOW) for a bulk transfer before the accept goes out
+        self.window = table.window
         self._credit: dict[int, int] = {}  # bytes we may still send, per channel
         self._allowance: dict[int, int] = {}  # bytes the peer may still send us, per channel
         self._owed: dict[int, int] = {}  # consumed bytes not yet credited back
@@ -133,9 +136,9 @@ class Stream:
         if self.detached or n <= 0:
             return
         owed = self._owed.get(channel, 0) + n
-        if owed >= self._table.window // 4:
+        if owed >= self.window // 4:
             self._owed[channel] = 0
-            self._allowance[channel] = self._allowance.get(channel, self._table.window) + owed
+            self._allowance[channel] = self._allowance.get(channel, self.window) + owed
             self._control.append(
                 pb.StreamFrame(
                     stream_id=self.id, credit=pb.StreamCredit(channel=channel, bytes=owed)
@@ -153,7 +156,7 @@ class Stream:
             return f"channel {ch} out of range"
         if n > MAX_FRAME:
             return f"a data frame of {n} bytes (at most {MAX_FRAME})"
-        left = self._allowance.get(ch, self._table.window)
+        left = self._allowance.get(ch, self.window)
         if n > left:
             return f"{n} bytes on channel {ch} with {left} granted"
         self._allowance[ch] = left - n
@@ -302,7 +305,7 @@ class StreamTable:
             self._refuse(stream_id, "internal", f"{type(exc).__name__}: {exc}")
             return
         stream.handler = handler
-        accept.window = self.window
+        accept.window = stream.window
         stream._control.appendleft(pb.StreamFrame(stream_id=stream_id, accept=accept))
         self.ready_control(stream)
 

@@ -17,6 +17,7 @@ def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.a2a import A2AComponent
     from agentic_sandbox.broker.agentlink import AgentLinkComponent
     from agentic_sandbox.broker.exec import ExecComponent
+    from agentic_sandbox.broker.files import FilesComponent
     from agentic_sandbox.broker.instances import FleetComponent
     from agentic_sandbox.broker.instances.enroller import LinkEnroller
     from agentic_sandbox.broker.sessions.component import SessionsComponent
@@ -32,4 +33,5 @@ def build_components(svc: Services) -> list[Component]:
     # The fleet last: provisioning waits for agents through the agent link.
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     execs = ExecComponent(svc, agent_link.registry)
-    return [sessions, agent_link, execs, tasks, A2AComponent(svc, tasks.service), fleet]
+    files = FilesComponent(svc, agent_link.registry)
+    return [sessions, agent_link, execs, files, tasks, A2AComponent(svc, tasks.service), fleet]

@@ -219,6 +219,17 @@ class Settings(BaseSettings):
         description="the most stdout or stderr an exec answer may keep (per stream)",
     )
 
+    # ---- files -------------------------------------------------------------------------------
+    files_max_upload_bytes: int = Field(
+        default=16 * 1024**3,
+        ge=0,
+        le=1024**5,
+        description="the largest upload (a file, or a directory's tar stream) (413)",
+    )
+    files_max_transfers_per_instance: int = Field(
+        default=4, ge=1, le=10_000, description="file transfers at once on one instance (429)"
+    )
+
     # ---- sessions ---------------------------------------------------------------------------
     session_ring_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
     session_max_observers: int = Field(default=100, ge=0, le=10_000)

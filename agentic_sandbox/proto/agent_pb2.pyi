@@ -21,7 +21,7 @@ agent resends from there: no gap, no duplicate, as long as the agent's ring stil
 A task run is a session (OpenSession.task_id set); prompts (HITL) are detected by the server.
 
 Byte streams (`StreamFrame`, both directions) are multiplexed on the same `Connect` stream:
-opened by either side (the server opens exec now, file transfers and port forwards next; the
+opened by either side (the server opens exec and file transfers now, port forwards next; the
 agent will open egress streams), each with numbered channels (0 = stdin/data towards the
 accepter, 1 = stdout, 2 = stderr), per-channel credit-based flow control (a receiver grants
 bytes; a sender never sends more than it was granted), half-close per channel, and a close
@@ -894,21 +894,47 @@ class StreamOpen(_message.Message):
 
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    FILE_UPLOAD_FIELD_NUMBER: _builtins.int
+    FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
+    FILE_STAT_FIELD_NUMBER: _builtins.int
+    FILE_LIST_FIELD_NUMBER: _builtins.int
+    FILE_MKDIR_FIELD_NUMBER: _builtins.int
+    FILE_REMOVE_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
     @_builtins.property
     def exec(self) -> Global___ExecSpec: ...
+    @_builtins.property
+    def file_upload(self) -> Global___FileUpload: ...
+    @_builtins.property
+    def file_download(self) -> Global___FileDownload: ...
+    @_builtins.property
+    def file_stat(self) -> Global___FilePath: ...
+    @_builtins.property
+    def file_list(self) -> Global___FileList: ...
+    @_builtins.property
+    def file_mkdir(self) -> Global___FileMkdir: ...
+    @_builtins.property
+    def file_remove(self) -> Global___FileRemove:
+        """20-29: ports"""
+
     def __init__(
         self,
         *,
         window: _builtins.int = ...,
         exec: Global___ExecSpec | None = ...,
+        file_upload: Global___FileUpload | None = ...,
+        file_download: Global___FileDownload | None = ...,
+        file_stat: Global___FilePath | None = ...,
+        file_list: Global___FileList | None = ...,
+        file_mkdir: Global___FileMkdir | None = ...,
+        file_remove: Global___FileRemove | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -920,21 +946,27 @@ class StreamAccept(_message.Message):
 
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the accepter accepts on each channel it receives, before credit"""
     @_builtins.property
     def exec(self) -> Global___ExecStarted: ...
+    @_builtins.property
+    def file_download(self) -> Global___FileInfo:
+        """what is sent: a file, or a directory (as a tar stream)"""
+
     def __init__(
         self,
         *,
         window: _builtins.int = ...,
         exec: Global___ExecStarted | None = ...,
+        file_download: Global___FileInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "info", b"info", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download"]  # noqa: Y015
     _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_info) -> _WhichOneofReturnType_info | None: ...
 
@@ -997,23 +1029,49 @@ class StreamClose(_message.Message):
 
     ERROR_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    FILE_UPLOAD_FIELD_NUMBER: _builtins.int
+    FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
+    FILE_STAT_FIELD_NUMBER: _builtins.int
+    FILE_LIST_FIELD_NUMBER: _builtins.int
+    FILE_MKDIR_FIELD_NUMBER: _builtins.int
+    FILE_REMOVE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
         """set: refused, failed or cancelled (then `result` is usually unset)"""
 
     @_builtins.property
     def exec(self) -> Global___ExecResult: ...
+    @_builtins.property
+    def file_upload(self) -> Global___FileResult: ...
+    @_builtins.property
+    def file_download(self) -> Global___FileResult: ...
+    @_builtins.property
+    def file_stat(self) -> Global___FileInfo: ...
+    @_builtins.property
+    def file_list(self) -> Global___FileListing: ...
+    @_builtins.property
+    def file_mkdir(self) -> Global___FileInfo: ...
+    @_builtins.property
+    def file_remove(self) -> Global___FileRemoved:
+        """20-29: ports"""
+
     def __init__(
         self,
         *,
         error: Global___StreamError | None = ...,
         exec: Global___ExecResult | None = ...,
+        file_upload: Global___FileResult | None = ...,
+        file_download: Global___FileResult | None = ...,
+        file_stat: Global___FileInfo | None = ...,
+        file_list: Global___FileListing | None = ...,
+        file_mkdir: Global___FileInfo | None = ...,
+        file_remove: Global___FileRemoved | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1029,7 +1087,11 @@ class StreamError(_message.Message):
     code: _builtins.str
     """bad-argv, bad-cwd, bad-user, budget-unsupported, too-many-streams,"""
     message: _builtins.str
-    """unsupported, protocol, canceled, link-lost, internal"""
+    """unsupported, protocol, canceled, link-lost, internal; files:
+    bad-path, not-found, not-a-directory, is-a-directory, symlink,
+    exists, not-empty, permission, no-space, bad-tar, digest-mismatch,
+    bad-owner, io
+    """
     field: _builtins.str
     """the spec field it is about (argv, cwd, user, budget.memory …), if any"""
     def __init__(
@@ -1222,3 +1284,316 @@ class ExecResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecResult: _TypeAlias = ExecResult  # noqa: Y015
+
+@_typing.final
+class FileUpload(_message.Message):
+    """---- files (streams of kinds file_*) -------------------------------------------------------------
+    Paths are absolute, without `..` or empty components; the agent resolves them one component
+    at a time (O_NOFOLLOW): a symlink on the way is refused (`symlink`) unless follow_symlinks.
+    file_upload: channel 0 = the bytes (a file, or a tar stream when `directory`), then channel 3
+    = the sender's SHA-256 of what it sent on channel 0 (32 bytes, eof). The agent writes to a
+    temporary name in the destination's directory, checks the digest, fsyncs and renames; a
+    cancel, a lost link or a mismatch leaves nothing. file_download: channel 1 = the bytes (a
+    tar stream for a directory); the close's FileResult carries the SHA-256 of what was sent.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    HAS_MODE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _builtins.int
+    PARENTS_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    directory: _builtins.bool
+    """channel 0 is a tar stream unpacked as the directory `path`"""
+    has_mode: _builtins.bool
+    mode: _builtins.int
+    """permission bits; default: the replaced file's, else 0644"""
+    owner: _builtins.str
+    """user name; default: the replaced file's, else the default user"""
+    group: _builtins.str
+    follow_symlinks: _builtins.bool
+    """resolve symlinks on the way to `path`"""
+    parents: _builtins.bool
+    """create missing parent directories"""
+    size: _builtins.int
+    """announced size (0: unknown); more or less is refused"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        directory: _builtins.bool = ...,
+        has_mode: _builtins.bool = ...,
+        mode: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        group: _builtins.str = ...,
+        follow_symlinks: _builtins.bool = ...,
+        parents: _builtins.bool = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directory", b"directory", "follow_symlinks", b"follow_symlinks", "group", b"group", "has_mode", b"has_mode", "mode", b"mode", "owner", b"owner", "parents", b"parents", "path", b"path", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileUpload: _TypeAlias = FileUpload  # noqa: Y015
+
+@_typing.final
+class FileDownload(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    follow_symlinks: _builtins.bool
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        follow_symlinks: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow_symlinks", b"follow_symlinks", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileDownload: _TypeAlias = FileDownload  # noqa: Y015
+
+@_typing.final
+class FilePath(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    follow_symlinks: _builtins.bool
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        follow_symlinks: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow_symlinks", b"follow_symlinks", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FilePath: _TypeAlias = FilePath  # noqa: Y015
+
+@_typing.final
+class FileList(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    follow_symlinks: _builtins.bool
+    limit: _builtins.int
+    """at most this many entries (0: the agent's limit)"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        follow_symlinks: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow_symlinks", b"follow_symlinks", "limit", b"limit", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileList: _TypeAlias = FileList  # noqa: Y015
+
+@_typing.final
+class FileMkdir(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    PARENTS_FIELD_NUMBER: _builtins.int
+    HAS_MODE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    parents: _builtins.bool
+    has_mode: _builtins.bool
+    mode: _builtins.int
+    owner: _builtins.str
+    group: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        parents: _builtins.bool = ...,
+        has_mode: _builtins.bool = ...,
+        mode: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "has_mode", b"has_mode", "mode", b"mode", "owner", b"owner", "parents", b"parents", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileMkdir: _TypeAlias = FileMkdir  # noqa: Y015
+
+@_typing.final
+class FileRemove(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    RECURSIVE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    recursive: _builtins.bool
+    """a directory with everything in it (never following symlinks)"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        recursive: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "recursive", b"recursive"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileRemove: _TypeAlias = FileRemove  # noqa: Y015
+
+@_typing.final
+class FileInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    GID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    MTIME_NS_FIELD_NUMBER: _builtins.int
+    LINK_TARGET_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    name: _builtins.str
+    type: _builtins.str
+    """file, directory, symlink, other"""
+    size: _builtins.int
+    mode: _builtins.int
+    """permission bits"""
+    uid: _builtins.int
+    gid: _builtins.int
+    owner: _builtins.str
+    group: _builtins.str
+    mtime_ns: _builtins.int
+    link_target: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        size: _builtins.int = ...,
+        mode: _builtins.int = ...,
+        uid: _builtins.int = ...,
+        gid: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        group: _builtins.str = ...,
+        mtime_ns: _builtins.int = ...,
+        link_target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gid", b"gid", "group", b"group", "link_target", b"link_target", "mode", b"mode", "mtime_ns", b"mtime_ns", "name", b"name", "owner", b"owner", "path", b"path", "size", b"size", "type", b"type", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileInfo: _TypeAlias = FileInfo  # noqa: Y015
+
+@_typing.final
+class FileResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    size: _builtins.int
+    """bytes on channel 0 / 1 (the tar stream's for a directory)"""
+    sha256: _builtins.bytes
+    entries: _builtins.int
+    """members of a directory's tar stream"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.bytes = ...,
+        entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "path", b"path", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileResult: _TypeAlias = FileResult  # noqa: Y015
+
+@_typing.final
+class FileListing(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileInfo]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___FileInfo] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileListing: _TypeAlias = FileListing  # noqa: Y015
+
+@_typing.final
+class FileRemoved(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    removed: _builtins.int
+    """entries removed"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        removed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileRemoved: _TypeAlias = FileRemoved  # noqa: Y015

@@ -13,6 +13,14 @@ import yaml
 from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
 from agentic_sandbox.sandboxctl.exec import instance_exec
 from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_INVALID, EXIT_OK, CliError
+from agentic_sandbox.sandboxctl.files import (
+    add_ls,
+    add_pull,
+    add_push,
+    instance_ls,
+    instance_pull,
+    instance_push,
+)
 from agentic_sandbox.sandboxctl.output import doc, emit, err, progress
 from agentic_sandbox.sandboxctl.parsing import Nouns, kv, wait_options
 from agentic_sandbox.sdk import (
@@ -345,6 +353,9 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--tail", type=int, default=200, help="lines")
     v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
     exec_arguments(v)
+    add_push(verb(g, "push", instance_push, "upload a file or a directory into the instance"))
+    add_pull(verb(g, "pull", instance_pull, "download a file or a directory from the instance"))
+    add_ls(verb(g, "ls", instance_ls, "list a directory in the instance"))
     v = verb(g, "ssh", instance_ssh, "ssh to the instance through its loopback forward")
     v.add_argument("id")
     v.add_argument("command", nargs="*")

@@ -7,9 +7,10 @@ import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 from agentic_sandbox.sdk.errors import SandboxError
+from agentic_sandbox.sdk.files import AsyncFiles
 from agentic_sandbox.sdk.models import (
     Agent,
     Console,
@@ -40,46 +41,55 @@ def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _exec_body(
-    argv: Sequence[str],
-    stdin: bytes | None,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    user: str | None,
-    timeout_seconds: float | None,
-    memory_mib: int | None,
-    cpus: float | None,
-    pids: int | None,
-    output_bytes: int | None,
-) -> dict[str, Any]:
-    budget = _drop_none(
+class ExecOptions(TypedDict, total=False):
+    """What `exec` and `exec_stream` take besides the argv: stdin bytes, the environment on
+    top of the user's, the working directory and user, and the budget (each value lowers the
+    loadout's, never past its ceiling)."""
+
+    stdin: bytes | None
+    env: Mapping[str, str] | None
+    cwd: str | None
+    user: str | None
+    timeout_seconds: float | None
+    memory_mib: int | None
+    cpus: float | None
+    pids: int | None
+    output_bytes: int | None
+
+
+BUDGET_OPTIONS = ("timeout_seconds", "memory_mib", "cpus", "pids", "output_bytes")
+
+
+def _exec_body(argv: Sequence[str], opts: ExecOptions) -> dict[str, Any]:
+    """The exec request of `argv` and the options (the one place both forms build it)."""
+    unknown = set(opts) - set(ExecOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unknown exec option(s): {', '.join(sorted(unknown))}")
+    env = opts.get("env")
+    body: dict[str, Any] = _drop_none(
         {
-            "timeout_seconds": timeout_seconds,
-            "memory_mib": memory_mib,
-            "cpus": cpus,
-            "pids": pids,
-            "output_bytes": output_bytes,
+            "argv": list(argv),
+            "env": dict(env) if env else None,
+            "cwd": opts.get("cwd"),
+            "user": opts.get("user"),
         }
     )
-    body: dict[str, Any] = _drop_none(
-        {"argv": list(argv), "env": dict(env) if env else None, "cwd": cwd, "user": user}
-    )
-    body["budget"] = budget
+    body["budget"] = _drop_none({name: opts.get(name) for name in BUDGET_OPTIONS})
+    stdin = opts.get("stdin")
     if stdin is not None:
         body["stdin_base64"] = base64.b64encode(stdin).decode()
     return body
 
 
 class AsyncInstances(Resource):
-    """Instances, and commands run on them over their agent link (`exec`, `exec_stream`).
-    Where the other sandbox-boundary calls go once the server has their routes: files and
-    ports as resources of their own (`client.files`: upload, download, list, stat, remove over
-    `…/instances/{id}/files`; `client.ports`: forward a local port over `…/ports/{port}`), each
-    with its `Client` facade line in `sync.py`."""
+    """Instances, commands run on them over their agent link (`exec`, `exec_stream`) and
+    their files (`files`: upload, download, list, stat, mkdir, remove). Ports go beside them
+    once the server has their routes (`instances.ports`, with its facade line in `sync.py`)."""
 
     def __init__(self, transport: Transport, operations: AsyncOperations) -> None:
         super().__init__(transport)
         self._ops = operations
+        self.files = AsyncFiles(transport)
 
     async def create(
         self,
@@ -204,50 +214,27 @@ class AsyncInstances(Resource):
         instance_id: str,
         argv: Sequence[str],
         *,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        timeout_seconds: float | None = None,
-        memory_mib: int | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        output_bytes: int | None = None,
         output_encoding: Literal["text", "base64"] = "text",
+        **options: Unpack[ExecOptions],
     ) -> ExecResult:
-        """Run `argv` (no shell unless it names one) within the budget (each value lowers the
-        loadout's, never past its ceiling) and answer once it ends."""
-        body = _exec_body(
-            argv, stdin, env, cwd, user, timeout_seconds, memory_mib, cpus, pids, output_bytes
-        )
+        """Run `argv` (no shell unless it names one) with the `ExecOptions` (stdin, env, cwd,
+        user, the budget: each value lowers the loadout's, never past its ceiling) and answer
+        once it ends."""
+        body = _exec_body(argv, options)
         body["output_encoding"] = output_encoding
         return await self._t.model(
             ExecResult, "POST", f"{ADMIN}/instances/{instance_id}/exec", json_body=body
         )
 
     async def exec_stream(
-        self,
-        instance_id: str,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        timeout_seconds: float | None = None,
-        memory_mib: int | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        output_bytes: int | None = None,
+        self, instance_id: str, argv: Sequence[str], **options: Unpack[ExecOptions]
     ) -> AsyncIterator[dict[str, Any]]:
-        """The command's events as they come: `{"type": "started", …}`, then
-        `{"type": "stdout"|"stderr", "data": <base64>}`, then `{"type": "exit", …}` (the
-        fields of `ExecResult`) — or `{"type": "error", "status", "code", "detail"}` when it
-        could not finish (the link was lost, the credential revoked). Stopping the iteration
-        stops the command."""
-        body = _exec_body(
-            argv, stdin, env, cwd, user, timeout_seconds, memory_mib, cpus, pids, output_bytes
-        )
+        """The command's events as they come (the same `ExecOptions` as `exec`):
+        `{"type": "started", …}`, then `{"type": "stdout"|"stderr", "data": <base64>}`, then
+        `{"type": "exit", …}` (the fields of `ExecResult`) — or `{"type": "error", "status",
+        "code", "detail"}` when it could not finish (the link was lost, the credential
+        revoked). Stopping the iteration stops the command."""
+        body = _exec_body(argv, options)
         body["output_encoding"] = "base64"
         path = f"{ADMIN}/instances/{instance_id}/exec/stream"
         async for line in self._t.ndjson("POST", path, json_body=body):

@@ -178,6 +178,58 @@ class ExecResult(ApiModel):
     enforcement: str = ""
 
 
+# ---- files ------------------------------------------------------------------------------------
+class FileInfo(ApiModel):
+    """A path in an instance: `type` file, directory, symlink or other; `mode` in octal."""
+
+    __schema__ = "FileInfoOut"
+    path: str
+    name: str
+    type: str
+    size: int = 0
+    mode: str = ""
+    uid: int = 0
+    gid: int = 0
+    owner: str = ""
+    group: str = ""
+    mtime: float = 0.0
+    link_target: str | None = None
+
+
+class FileList(ApiModel):
+    __schema__ = "FileListOut"
+    path: str
+    items: list[FileInfo] = Field(default_factory=list)
+    truncated: bool = False
+
+
+class Upload(ApiModel):
+    """What an upload kept: its size and SHA-256 (checked against what was sent)."""
+
+    __schema__ = "UploadOut"
+    path: str
+    size: int
+    sha256: str
+    directory: bool = False
+    entries: int | None = None
+
+
+class Removed(ApiModel):
+    __schema__ = "RemovedOut"
+    path: str
+    removed: int = 0
+
+
+class Download(NamedTuple):
+    """What a download wrote: the remote path, its `type` (file or directory, which came as a
+    tar stream), the bytes received and their SHA-256."""
+
+    path: str
+    type: str
+    size: int
+    sha256: str
+
+
 class HostInstance(ApiModel):
     """The record of an agent-client running on the control host (development, tests)."""
 

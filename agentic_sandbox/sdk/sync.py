@@ -30,6 +30,7 @@ from agentic_sandbox.sdk.attach import Attachment as AsyncAttachment
 from agentic_sandbox.sdk.attach import Resync
 from agentic_sandbox.sdk.client import AsyncClient
 from agentic_sandbox.sdk.contexts import Credentials
+from agentic_sandbox.sdk.files import AsyncFiles
 from agentic_sandbox.sdk.fleet import (
     AsyncAgents,
     AsyncHosts,
@@ -221,7 +222,21 @@ class Operations(_Facade[AsyncOperations]):
     wait = synced(AsyncOperations.wait)
 
 
+class Files(_Facade[AsyncFiles]):
+    stat = synced(AsyncFiles.stat)
+    list = synced(AsyncFiles.list)
+    mkdir = synced(AsyncFiles.mkdir)
+    remove = synced(AsyncFiles.remove)
+    upload = synced(AsyncFiles.upload)
+    download = synced(AsyncFiles.download)
+    chunks = synced_iter(AsyncFiles.chunks)
+
+
 class Instances(_Facade[AsyncInstances]):
+    def __init__(self, target: AsyncInstances, loop: _LoopThread) -> None:
+        super().__init__(target, loop)
+        self.files = Files(target.files, loop)
+
     create = synced(AsyncInstances.create)
     list = synced(AsyncInstances.list)
     get = synced(AsyncInstances.get)

@@ -4,9 +4,9 @@ Public face: `AgentLinkComponent` (wired in `broker/components.py`); `AgentConne
 agent's link and its typed commands), `LinkClosed`; `AgentRegistry` (the connected agents,
 which the hub is handed); `LinkHandler` (what the session hub implements) and the typed
 values it receives and answers with (`messages.py`); the byte streams multiplexed on a link
-(`ServerStream` and its `Chunk`s and errors, `streams.py`) that exec rides on. Protobuf stays
-in this package, but for the `StreamOpen`/`StreamClose` messages exec still builds and reads
-(a known limit: typed stream opens would end it).
+(`ServerStream` and its `Chunk`s and errors, `streams.py`) that exec and files ride on, opened
+with the typed specs of `stream_kinds.py` and answering with its typed results. Protobuf stays
+in this package.
 """
 
 from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
@@ -24,6 +24,24 @@ from agentic_sandbox.broker.agentlink.messages import (
     SignalName,
 )
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
+from agentic_sandbox.broker.agentlink.stream_kinds import (
+    DIGEST,
+    KIND_NAMES,
+    BudgetSpec,
+    ExecResult,
+    ExecSpec,
+    ExecStarted,
+    FileDownload,
+    FileInfo,
+    FileList,
+    FileListing,
+    FileMkdir,
+    FileRemove,
+    FileRemoved,
+    FileResult,
+    FileStat,
+    FileUpload,
+)
 from agentic_sandbox.broker.agentlink.streams import (
     Chunk,
     ServerStream,
@@ -33,13 +51,29 @@ from agentic_sandbox.broker.agentlink.streams import (
 )
 
 __all__ = [
+    "DIGEST",
+    "KIND_NAMES",
     "SIGNAL_NAMES",
     "AgentConnection",
     "AgentLinkComponent",
     "AgentRegistry",
+    "BudgetSpec",
     "Chunk",
+    "ExecResult",
+    "ExecSpec",
+    "ExecStarted",
     "ExitReport",
     "Exited",
+    "FileDownload",
+    "FileInfo",
+    "FileList",
+    "FileListing",
+    "FileMkdir",
+    "FileRemove",
+    "FileRemoved",
+    "FileResult",
+    "FileStat",
+    "FileUpload",
     "Inventory",
     "LinkClosed",
     "LinkHandler",

@@ -5,15 +5,17 @@ streams multiplexed on the link's one `Connect` stream, opened by either side (s
 agent ids even), numbered channels each with its own credit-based flow control and
 half-close, and one close per side carrying a typed result or an error.
 
-What the rest of the server uses (exec now; file transfers and port forwards next):
+What the rest of the server uses (exec and files now; port forwards next), with the typed
+values of `stream_kinds.py` (no protobuf outside this package):
 
-    stream = conn.streams.open(pb.StreamOpen(exec=spec))    # TooManyStreams, LinkClosed
-    accept = await stream.accepted()                        # StreamRefused / StreamLost
+    stream = conn.streams.open(ExecSpec(argv=[...]))        # TooManyStreams, LinkClosed
+    info = await stream.started()                           # StreamRefused / StreamLost
     await stream.write(0, data); stream.end(0)              # waits for the agent's credit
     async for chunk in stream:                              # Chunk(channel, data, eof);
         ...                                                 # credit goes back as you take them
-    close = await stream.closed()                           # the agent's close (result)
+    result = await stream.result()                          # the agent's close: typed result
     stream.cancel("canceled", "the caller went away")       # any time; idempotent
+    stream.expire_at(deadline)                              # one deadline for the whole stream
 
 Agent-opened streams (egress) are handed to an acceptor registered by kind
 (`LinkStreams.acceptors`); none is registered yet, so the agent is told `unsupported`.
@@ -38,6 +40,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
+from agentic_sandbox.broker.agentlink.stream_kinds import (
+    OpenSpec,
+    Result,
+    Started,
+    accept_info,
+    close_result,
+    to_open,
+)
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -84,9 +94,12 @@ Acceptor = Callable[["ServerStream", pb.StreamOpen], Awaitable[None]]
 class ServerStream:
     """One stream on a link, as its user sees it."""
 
-    def __init__(self, table: LinkStreams, stream_id: int, peer_window: int) -> None:
+    def __init__(
+        self, table: LinkStreams, stream_id: int, peer_window: int, window: int = 0
+    ) -> None:
         self.id = stream_id
         self._table = table
+        self.window = window or table.window  # what we grant per channel before any credit
         self._loop = asyncio.get_running_loop()
         self._peer_window = peer_window
         self._credit: dict[int, int] = {}
@@ -104,17 +117,42 @@ class ServerStream:
         self.failure: StreamError | None = None
         self._accept.add_done_callback(_consume)
         self._close.add_done_callback(_consume)
+        self._deadline: asyncio.TimerHandle | None = None
 
     # ---- opening ---------------------------------------------------------------------------
     async def accepted(self) -> pb.StreamAccept:
         return await asyncio.shield(self._accept)
 
+    async def started(self) -> Started:
+        """The agent's accept, as its kind's typed info (`StreamRefused`, `StreamLost`)."""
+        return accept_info(await self.accepted())
+
+    # ---- the deadline ------------------------------------------------------------------------
+    def expire_at(self, when: float | None, message: str = "the stream ran out of time") -> None:
+        """At loop time `when` (None: never), the stream fails with `StreamLost("timeout")`
+        — every wait on it ends — and the agent is told to stop: one timer for the whole
+        stream rather than a timeout on each read."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if when is not None:
+            self._deadline = self._loop.call_at(when, self._expire, message)
+
+    def _expire(self, message: str) -> None:
+        self._deadline = None
+        if self._close.done() and not self._inbox:
+            return
+        self._fail(StreamLost("timeout", message))
+        self.cancel("canceled", message)
+
     # ---- sending ---------------------------------------------------------------------------
     def room(self, channel: int) -> int:
         return self._credit.get(channel, self._peer_window)
 
-    async def write(self, channel: int, data: bytes) -> None:
-        """Send `data` on `channel` as the agent's credit allows (in chunks)."""
+    async def write(self, channel: int, data: bytes, *, chunk: int = CHUNK) -> None:
+        """Send `data` on `channel` as the agent's credit allows, in frames of `chunk` bytes
+        (at most `MAX_FRAME`: bulk transfers use fewer, larger frames)."""
+        chunk = min(chunk, MAX_FRAME)
         view = memoryview(data)
         while view:
             self._raise_if_done()
@@ -123,7 +161,7 @@ class ServerStream:
                 self._credit_event.clear()
                 await self._wait(self._credit_event)
                 continue
-            n = min(room, CHUNK, len(view))
+            n = min(room, chunk, len(view))
             self._credit[channel] = room - n  # reserved before waiting for the queue
             await self._queue(
                 pb.StreamFrame(
@@ -192,9 +230,9 @@ class ServerStream:
         if n <= 0 or self.local_closed or self._close.done():
             return
         owed = self._owed.get(channel, 0) + n
-        if owed >= self._table.window // 4:
+        if owed >= self.window // 4:
             self._owed[channel] = 0
-            self._allowance[channel] = self._allowance.get(channel, self._table.window) + owed
+            self._allowance[channel] = self._allowance.get(channel, self.window) + owed
             self._table._send(
                 pb.StreamFrame(
                     stream_id=self.id, credit=pb.StreamCredit(channel=channel, bytes=owed)
@@ -207,12 +245,28 @@ class ServerStream:
         """The agent's close; raises `StreamLost` when the link (or the stream) failed."""
         return await asyncio.shield(self._close)
 
+    async def result(self) -> Result:
+        """The agent's close as its kind's typed result; a close with an error (or without
+        a result) raises `StreamError` with the agent's code, message and field."""
+        close = await self.closed()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        out = close_result(close)
+        if close.HasField("error") or out is None:
+            err = close.error
+            raise StreamError(err.code or "agent-error", err.message or "no result", err.field)
+        return out
+
     # ---- ending ------------------------------------------------------------------------------
     def cancel(self, code: str = "canceled", message: str = "cancelled by the server") -> None:
         """Close our side with an error (the agent stops and answers with its close)."""
         if self.local_closed:
             return
         self.local_closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._outq.clear()
         self._out_free.set()
         self._table._send(
@@ -224,6 +278,9 @@ class ServerStream:
         self._table._cancelled(self)
 
     def _fail(self, error: StreamError) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.failure is None:
             self.failure = error
         for fut in (self._accept, self._close):
@@ -251,7 +308,7 @@ class ServerStream:
                 return f"channel {ch} out of range"
             if n > MAX_FRAME:
                 return f"a data frame of {n} bytes (at most {MAX_FRAME})"
-            left = self._allowance.get(ch, self._table.window)
+            left = self._allowance.get(ch, self.window)
             if n > left:
                 return f"{n} bytes on channel {ch} with {left} granted"
             self._allowance[ch] = left - n
@@ -321,17 +378,20 @@ class LinkStreams:
         return len(self._streams)
 
     # ---- opening ---------------------------------------------------------------------------
-    def open(self, msg: pb.StreamOpen) -> ServerStream:
-        """Open a stream on the agent (kind and spec in `msg`)."""
+    def open(self, spec: OpenSpec | pb.StreamOpen, *, window: int = 0) -> ServerStream:
+        """Open a stream on the agent (its kind and spec: a typed spec of `stream_kinds`);
+        `window`: what it accepts per channel before credit (default the link's; a bulk
+        transfer asks for more, up to `MAX_WINDOW`)."""
+        msg = spec if isinstance(spec, pb.StreamOpen) else to_open(spec)
         if self._closed is not None:
             raise self._closed
         if len(self._streams) >= self.max_streams:
             raise TooManyStreams(f"this agent link has {len(self._streams)} streams (the limit)")
         sid = self._next_id
         self._next_id += 2
-        stream = ServerStream(self, sid, 0)
+        stream = ServerStream(self, sid, 0, min(window, MAX_WINDOW))
         self._streams[sid] = stream
-        msg.window = self.window
+        msg.window = stream.window
         try:
             self._send_message(pb.ServerMessage(stream=pb.StreamFrame(stream_id=sid, open=msg)))
         except Exception:

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentic_sandbox.broker.agentlink import BudgetSpec
 from agentic_sandbox.broker.exec.models import BudgetIn, BudgetOut
 from agentic_sandbox.broker.http.problems import ProblemError
-from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.provision import Budgets, LoadoutCatalog, LoadoutError
 
 FIELDS = ("timeout_seconds", "memory_mib", "cpus", "pids", "output_bytes")
@@ -79,8 +79,8 @@ def check_support(
         raise _field_problem(name, f"the agent of {instance} cannot enforce this budget ({why})")
 
 
-def to_proto(budget: BudgetOut) -> pb.Budget:
-    return pb.Budget(
+def to_spec(budget: BudgetOut) -> BudgetSpec:
+    return BudgetSpec(
         timeout_ms=int(budget.timeout_seconds * 1000) if budget.timeout_seconds else 0,
         memory_bytes=(budget.memory_mib or 0) * 1024 * 1024,
         cpu_millis=round(budget.cpus * 1000) if budget.cpus else 0,

@@ -26,14 +26,17 @@ import codecs
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from agentic_sandbox.broker.agentlink import (
     AgentConnection,
     AgentRegistry,
     Chunk,
+    ExecResult,
+    ExecSpec,
+    ExecStarted,
     LinkClosed,
     ServerStream,
     StreamError,
@@ -50,11 +53,9 @@ from agentic_sandbox.broker.exec.models import (
 )
 from agentic_sandbox.broker.http.problems import ProblemError, not_ready, too_many
 from agentic_sandbox.broker.services import Services
-from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.provision import Budgets
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ACCEPT_TIMEOUT = 30.0  # the agent answers an open at once; under TCG a start can take a while
 DEADLINE_GRACE = 30.0  # beyond the budget's timeout, before the server gives up on the agent
@@ -95,7 +96,7 @@ class ExecPlan:
     owner: str
     actor: str
     conn: AgentConnection
-    spec: pb.ExecSpec
+    spec: ExecSpec
     stdin: bytes | None
     budget: BudgetOut
     limits: dict[int, int]
@@ -103,7 +104,7 @@ class ExecPlan:
     stream: ServerStream | None = None
     pid: int = 0
     enforcement: str = ""
-    close: pb.StreamClose | None = None
+    result: ExecResult | None = None
     _writer: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -175,13 +176,13 @@ class ExecService:
         budgets.check_support(
             budget, info.budget_enforcement, info.budgets, info.budget_problem, instance_id
         )
-        spec = pb.ExecSpec(
+        spec = ExecSpec(
             argv=body.argv,
             env=body.env,
             cwd=body.cwd or "",
             user=body.user or "",
             stdin=stdin is not None,
-            budget=budgets.to_proto(budget),
+            budget=budgets.to_spec(budget),
         )
         return ExecPlan(
             exec_id=uuid.uuid4().hex[:16],
@@ -222,7 +223,7 @@ class ExecService:
     async def start(self, plan: ExecPlan) -> None:
         """Open the stream and wait for the agent to start the command (problems if not)."""
         try:
-            stream = plan.conn.streams.open(pb.StreamOpen(exec=plan.spec))
+            stream = plan.conn.streams.open(plan.spec)
         except TooManyStreams as exc:
             raise too_many(str(exc), 5) from None
         except (LinkClosed, StreamLost) as exc:
@@ -231,7 +232,7 @@ class ExecService:
             ) from None
         plan.stream = stream
         try:
-            accept = await asyncio.wait_for(stream.accepted(), ACCEPT_TIMEOUT)
+            started = await asyncio.wait_for(stream.started(), ACCEPT_TIMEOUT)
         except StreamError as exc:
             raise refusal_problem(exc) from None
         except TimeoutError:
@@ -239,8 +240,11 @@ class ExecService:
             raise _problem(
                 504, "the agent did not start the command in time", "agent-timeout"
             ) from None
-        plan.pid = accept.exec.pid
-        plan.enforcement = accept.exec.enforcement
+        if not isinstance(started, ExecStarted):
+            stream.cancel("protocol", "an exec accept without its info")
+            raise _problem(502, "the agent answered the exec with no start info", "agent-error")
+        plan.pid = started.pid
+        plan.enforcement = started.enforcement
         if plan.spec.stdin:
             plan._writer = asyncio.create_task(self._write_stdin(stream, plan.stdin or b""))
 
@@ -259,32 +263,32 @@ class ExecService:
             plan.stream.cancel("canceled", why)
 
     async def _chunks(self, plan: ExecPlan) -> AsyncGenerator[Chunk, None]:
-        """The agent's chunks until its close (then in `plan.close`). Problems are raised as
-        `ProblemError`; a run left before its end (an error, a caller that goes away, the
-        deadline: the budget's timeout plus a grace period) is cancelled."""
+        """The agent's chunks until its close (then its result in `plan.result`). Problems are
+        raised as `ProblemError`; a run left before its end (an error, a caller that goes away,
+        the deadline: the budget's timeout plus a grace period, one timer for the whole exec)
+        is cancelled."""
         stream = plan.stream
         assert stream is not None
         loop = asyncio.get_running_loop()
         timeout = plan.budget.timeout_seconds
-        deadline = None if timeout is None else loop.time() + timeout + DEADLINE_GRACE
-
-        async def within(aw: Awaitable[T]) -> T:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                return await asyncio.wait_for(aw, left)
-            except TimeoutError:
-                raise _problem(
-                    504, "the agent did not finish the command in time", "agent-timeout"
-                ) from None
-            except StreamError as exc:
-                raise refusal_problem(exc) from None
-
+        if timeout is not None:
+            stream.expire_at(
+                loop.time() + timeout + DEADLINE_GRACE,
+                "the agent did not finish the command in time",
+            )
         done = False
         try:
-            while (chunk := await within(stream.read())) is not None:
+            while (chunk := await stream.read()) is not None:
                 yield chunk
-            plan.close = await within(stream.closed())
+            result = await stream.result()
+            if not isinstance(result, ExecResult):
+                raise StreamError("agent-error", "the exec ended without its result")
+            plan.result = result
             done = True
+        except StreamError as exc:
+            if exc.code == "timeout":
+                raise _problem(504, exc.message, "agent-timeout") from None
+            raise refusal_problem(exc) from None
         finally:
             if not done:
                 self.stop(plan, "the server stopped waiting for the command")
@@ -333,18 +337,12 @@ class ExecService:
 
     # ---- the answer ----------------------------------------------------------------------------
     @staticmethod
-    def _result(plan: ExecPlan) -> pb.ExecResult:
-        close = plan.close
-        if close is None or close.WhichOneof("result") != "exec":
-            err = close.error if close is not None else pb.StreamError()
-            raise refusal_problem(
-                StreamError(err.code or "agent-error", err.message or "no result", err.field)
-            )
-        return close.exec
+    def _result(plan: ExecPlan) -> ExecResult:
+        if plan.result is None:
+            raise refusal_problem(StreamError("agent-error", "no result"))
+        return plan.result
 
-    def _answer(
-        self, plan: ExecPlan, r: pb.ExecResult, kept: dict[int, bytearray] | None
-    ) -> ExecOut:
+    def _answer(self, plan: ExecPlan, r: ExecResult, kept: dict[int, bytearray] | None) -> ExecOut:
         def stream_out(ch: int, written: int) -> StreamOut:
             if kept is None:
                 return StreamOut(data="", bytes=written, truncated=False)
@@ -365,7 +363,7 @@ class ExecService:
             exec_id=plan.exec_id,
             instance_id=plan.instance_id,
             pid=plan.pid,
-            exit_code=r.code if r.has_code else None,
+            exit_code=r.code,
             signal=r.signal[:16] or None,
             reason=reason,
             stdout=stream_out(STDOUT, r.stdout_bytes),

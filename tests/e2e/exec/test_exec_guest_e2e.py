@@ -3,47 +3,19 @@ inside): commands run over the agent link alone, budgets are the guest kernel's 
 (the agent's delegated cgroup), each budget reason is triggered by a real runaway, and the
 guest stays healthy — a later exec answers and no run cgroup is left.
 
-One guest for the module (cold boot ~50 s); tests run in order.
+One guest for the package (`conftest.py`; cold boot ~50 s), shared with the files e2e; tests
+run in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.e2e import NAME_PREFIX, RECIPE, libvirt_server, wait_op
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
-
-GUEST = f"{NAME_PREFIX}exec"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    # a shared 2-core machine under load boots TCG guests several times slower than alone
-    with libvirt_server("sbx-e2e-exec-", SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="900") as srv:
-        try:
-            yield srv
-        finally:
-            srv.api("DELETE", f"/api/v2/admin/instances/{GUEST}")
-
-
-@pytest.fixture(scope="module")
-def guest(server: ServerProcess) -> str:
-    status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
-    assert status == 202, op
-    op = wait_op(server, op, timeout=900)
-    assert op["state"] == "succeeded", op.get("error")
-    status, op = server.api(
-        "POST", "/api/v2/admin/instances", {"id": GUEST, "image": RECIPE, "loadout": "minimal"}
-    )
-    assert status == 202, op
-    op = wait_op(server, op, timeout=1000)
-    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
-    return GUEST
 
 
 def ex(server: ServerProcess, guest: str, body: dict[str, Any]) -> dict[str, Any]:

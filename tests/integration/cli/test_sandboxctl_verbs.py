@@ -221,6 +221,8 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         return [name]
 
     ended = finished_session(sdk, iid, "position-test")
+    pushed = tmp_path / "push-source.txt"
+    pushed.write_text("pushed through the agent link\n")
     done_task = sdk.tasks.send(iid, "echo done")
     sdk.tasks.wait(done_task.id, timeout=60)
     return [
@@ -234,6 +236,9 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         Case(
             "instance exec", lambda: [iid, "echo", "exec-ok"], False, lambda out: out == "exec-ok\n"
         ),
+        Case("instance push", lambda: [iid, str(pushed), str(tmp_path / f"pushed-{next(names)}")]),
+        Case("instance pull", lambda: [iid, str(pushed), str(tmp_path / f"pulled-{next(names)}")]),
+        Case("instance ls", lambda: [iid, str(tmp_path)]),
         Case("session list", lambda: ["--instance", iid]),
         Case("session new", lambda: [iid]),
         Case("session screen", lambda: [ended]),
@@ -272,6 +277,9 @@ NON_FLEET_VERBS = {
     "instance list",
     "instance get",
     "instance exec",
+    "instance push",
+    "instance pull",
+    "instance ls",
     "session list",
     "session new",
     "session screen",

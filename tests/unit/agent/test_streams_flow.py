@@ -15,6 +15,7 @@ import pytest
 
 from agentic_sandbox.agent import streams as agent_streams
 from agentic_sandbox.agent.streams import Stream, StreamRefused, StreamTable
+from agentic_sandbox.broker.agentlink import ExecSpec, ExecStarted
 from agentic_sandbox.broker.agentlink import streams as server_streams
 from agentic_sandbox.broker.agentlink.streams import (
     LinkStreams,
@@ -283,3 +284,35 @@ async def test_agent_opened_streams_are_refused_until_a_kind_is_accepted() -> No
     await pair.settle()
     assert handler.error is not None and handler.error.code == "unsupported"
     assert len(pair.agent) == 0 and len(pair.server) == 0
+
+
+async def test_one_deadline_ends_the_whole_stream_and_tells_the_agent() -> None:
+    """`expire_at`: one timer for the stream, not a timeout per read — a reader waiting for
+    more gets None, the result raises `timeout`, and the agent is told to stop."""
+    pair = Pair()  # the producer sends nothing: the command is "quiet"
+    stream = pair.server.open(ExecSpec(argv=["sleep", "60"]))
+    await pair.settle()
+    started = await stream.started()
+    assert isinstance(started, ExecStarted) and started.pid == 42
+    loop = asyncio.get_running_loop()
+    stream.expire_at(loop.time() + 0.2, "the agent did not finish the command in time")
+    t0 = loop.time()
+    assert await stream.read() is None
+    assert 0.15 <= loop.time() - t0 < 5
+    with pytest.raises(StreamLost) as info:
+        await stream.result()
+    assert info.value.code == "timeout" and "in time" in info.value.message
+    await pair.settle()
+    handler = pair.handlers[0]
+    assert handler.closed_with is not None and handler.closed_with.code == "canceled"
+
+
+async def test_a_bulk_stream_grants_its_own_window() -> None:
+    pair = Pair()
+    big = 4 * WINDOW
+    stream = pair.server.open(ExecSpec(argv=["true"]), window=big)
+    await pair.settle()
+    await stream.accepted()
+    agent_side = pair.handlers[0].stream
+    assert agent_side.room(1) == big  # the agent may send the larger window before credit
+    assert stream.window == big

@@ -54,9 +54,9 @@ def test_budgets_the_agent_cannot_enforce_are_refused_by_field() -> None:
     assert "not root" in info.value.detail
 
 
-def test_proto_values_and_agent_field_names() -> None:
+def test_link_values_and_agent_field_names() -> None:
     got = budgets.resolve(BudgetIn(timeout_seconds=1.5, memory_mib=64, cpus=0.25), Budgets())
-    pb_budget = budgets.to_proto(got)
+    pb_budget = budgets.to_spec(got)
     assert (pb_budget.timeout_ms, pb_budget.memory_bytes, pb_budget.cpu_millis) == (
         1500,
         64 << 20,

@@ -1,0 +1,288 @@
+"""The byte streams' kinds as the rest of the server sees them: plain typed values.
+
+Protobuf stops at the agent link's edge (as `messages.py` for sessions): a component opens a
+stream with one of the specs here (`ExecSpec`, `FileUpload`, …; `LinkStreams.open` turns it
+into the `StreamOpen`), reads the accept's info as a typed value (`ServerStream.started()`:
+`ExecStarted`, `FileInfo`) and the agent's close as its kind's typed result
+(`ServerStream.result()`: `ExecResult`, `FileResult`, `FileInfo`, `FileListing`,
+`FileRemoved`) or a `StreamError`.
+
+The values are mechanical copies: what an agent sends stays untrusted (sizes, strings, paths);
+the component decides what it accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agentic_sandbox.proto import agent_pb2 as pb
+
+
+# ---- exec ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class BudgetSpec:
+    """What a run may use (0: no limit)."""
+
+    timeout_ms: int = 0
+    memory_bytes: int = 0
+    cpu_millis: int = 0  # thousandths of a CPU
+    pids: int = 0
+    output_bytes: int = 0
+
+
+@dataclass(slots=True)
+class ExecSpec:
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    user: str = ""
+    stdin: bool = False  # channel 0 carries stdin
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+
+
+@dataclass(slots=True)
+class ExecStarted:
+    pid: int
+    enforcement: str
+
+
+@dataclass(slots=True)
+class ExecResult:
+    code: int | None  # None: a signal ended it (or it never ran)
+    signal: str = ""
+    reason: str = ""
+    duration_us: int = 0
+    cpu_us: int = 0
+    peak_memory_bytes: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    enforcement: str = ""
+
+
+# ---- files ------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class FileUpload:
+    """Channel 0: the bytes (a tar stream when `directory`); channel `DIGEST`: the SHA-256."""
+
+    path: str
+    directory: bool = False
+    mode: int | None = None
+    owner: str = ""
+    group: str = ""
+    follow_symlinks: bool = False
+    parents: bool = False
+    size: int = 0  # announced (0: unknown)
+
+
+@dataclass(slots=True)
+class FileDownload:
+    """Channel 1: the bytes (a tar stream for a directory)."""
+
+    path: str
+    follow_symlinks: bool = False
+
+
+@dataclass(slots=True)
+class FileStat:
+    path: str
+    follow_symlinks: bool = False
+
+
+@dataclass(slots=True)
+class FileList:
+    path: str
+    follow_symlinks: bool = False
+    limit: int = 0
+
+
+@dataclass(slots=True)
+class FileMkdir:
+    path: str
+    parents: bool = False
+    mode: int | None = None
+    owner: str = ""
+    group: str = ""
+
+
+@dataclass(slots=True)
+class FileRemove:
+    path: str
+    recursive: bool = False
+
+
+@dataclass(slots=True)
+class FileInfo:
+    path: str
+    name: str
+    type: str  # file, directory, symlink, other
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    owner: str
+    group: str
+    mtime_ns: int
+    link_target: str = ""
+
+    @classmethod
+    def from_pb(cls, m: pb.FileInfo) -> FileInfo:
+        return cls(
+            path=m.path,
+            name=m.name,
+            type=m.type,
+            size=m.size,
+            mode=m.mode,
+            uid=m.uid,
+            gid=m.gid,
+            owner=m.owner,
+            group=m.group,
+            mtime_ns=m.mtime_ns,
+            link_target=m.link_target,
+        )
+
+
+@dataclass(slots=True)
+class FileResult:
+    path: str
+    size: int
+    sha256: bytes
+    entries: int = 0
+
+
+@dataclass(slots=True)
+class FileListing:
+    entries: list[FileInfo]
+    truncated: bool
+
+
+@dataclass(slots=True)
+class FileRemoved:
+    path: str
+    removed: int
+
+
+DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
+
+OpenSpec = ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove
+Started = ExecStarted | FileInfo | None
+Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved
+
+#: the agent's name for each kind (what it lists in `Register.stream_kinds`)
+KIND_NAMES: dict[type, str] = {
+    ExecSpec: "exec",
+    FileUpload: "file_upload",
+    FileDownload: "file_download",
+    FileStat: "file_stat",
+    FileList: "file_list",
+    FileMkdir: "file_mkdir",
+    FileRemove: "file_remove",
+}
+
+
+def _mode(mode: int | None) -> dict[str, object]:
+    return {} if mode is None else {"has_mode": True, "mode": mode}
+
+
+def to_open(spec: OpenSpec) -> pb.StreamOpen:
+    if isinstance(spec, ExecSpec):
+        b = spec.budget
+        return pb.StreamOpen(
+            exec=pb.ExecSpec(
+                argv=list(spec.argv),
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                user=spec.user,
+                stdin=spec.stdin,
+                budget=pb.Budget(
+                    timeout_ms=b.timeout_ms,
+                    memory_bytes=b.memory_bytes,
+                    cpu_millis=b.cpu_millis,
+                    pids=b.pids,
+                    output_bytes=b.output_bytes,
+                ),
+            )
+        )
+    if isinstance(spec, FileUpload):
+        return pb.StreamOpen(
+            file_upload=pb.FileUpload(
+                path=spec.path,
+                directory=spec.directory,
+                owner=spec.owner,
+                group=spec.group,
+                follow_symlinks=spec.follow_symlinks,
+                parents=spec.parents,
+                size=spec.size,
+                **_mode(spec.mode),  # type: ignore[arg-type]
+            )
+        )
+    if isinstance(spec, FileDownload):
+        return pb.StreamOpen(
+            file_download=pb.FileDownload(path=spec.path, follow_symlinks=spec.follow_symlinks)
+        )
+    if isinstance(spec, FileStat):
+        return pb.StreamOpen(
+            file_stat=pb.FilePath(path=spec.path, follow_symlinks=spec.follow_symlinks)
+        )
+    if isinstance(spec, FileList):
+        return pb.StreamOpen(
+            file_list=pb.FileList(
+                path=spec.path, follow_symlinks=spec.follow_symlinks, limit=spec.limit
+            )
+        )
+    if isinstance(spec, FileMkdir):
+        return pb.StreamOpen(
+            file_mkdir=pb.FileMkdir(
+                path=spec.path,
+                parents=spec.parents,
+                owner=spec.owner,
+                group=spec.group,
+                **_mode(spec.mode),  # type: ignore[arg-type]
+            )
+        )
+    return pb.StreamOpen(file_remove=pb.FileRemove(path=spec.path, recursive=spec.recursive))
+
+
+def accept_info(accept: pb.StreamAccept) -> Started:
+    which = accept.WhichOneof("info")
+    if which == "exec":
+        return ExecStarted(pid=accept.exec.pid, enforcement=accept.exec.enforcement)
+    if which == "file_download":
+        return FileInfo.from_pb(accept.file_download)
+    return None
+
+
+def _file_result(m: pb.FileResult) -> FileResult:
+    return FileResult(path=m.path, size=m.size, sha256=bytes(m.sha256), entries=m.entries)
+
+
+def close_result(close: pb.StreamClose) -> Result | None:
+    """The typed result of an agent's close (None when it carries none)."""
+    which = close.WhichOneof("result")
+    if which == "exec":
+        r = close.exec
+        return ExecResult(
+            code=r.code if r.has_code else None,
+            signal=r.signal,
+            reason=r.reason,
+            duration_us=r.duration_us,
+            cpu_us=r.cpu_us,
+            peak_memory_bytes=r.peak_memory_bytes,
+            stdout_bytes=r.stdout_bytes,
+            stderr_bytes=r.stderr_bytes,
+            enforcement=r.enforcement,
+        )
+    if which == "file_upload":
+        return _file_result(close.file_upload)
+    if which == "file_download":
+        return _file_result(close.file_download)
+    if which in ("file_stat", "file_mkdir"):
+        return FileInfo.from_pb(getattr(close, which))
+    if which == "file_list":
+        return FileListing(
+            entries=[FileInfo.from_pb(e) for e in close.file_list.entries],
+            truncated=close.file_list.truncated,
+        )
+    if which == "file_remove":
+        return FileRemoved(path=close.file_remove.path, removed=close.file_remove.removed)
+    return None

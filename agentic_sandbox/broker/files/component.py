@@ -1,0 +1,28 @@
+"""The files component: its routes and the service that moves files over agent links."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agentic_sandbox.broker.agentlink import AgentRegistry
+from agentic_sandbox.broker.files.service import FilesService
+from agentic_sandbox.broker.services import Services
+
+
+class FilesComponent:
+    name = "files"
+
+    def __init__(self, svc: Services, registry: AgentRegistry) -> None:
+        self.service = FilesService(svc, registry)
+
+    def install(self, app: web.Application) -> None:
+        from agentic_sandbox.broker.files import routes
+
+        app[routes.FILES_KEY] = self.service
+        routes.api.install(app)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
