@@ -35,6 +35,7 @@ from importlib import metadata
 import grpc
 
 from agentic_sandbox.agent import cgroups, identity, pki
+from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
@@ -426,6 +427,11 @@ class AgentRuntime:
         )
         self._guard()
         await self.adopt_seed_identity()
+        egress = (
+            await agent_egress.serve(self.cfg.egress_listen, self.streams, lambda: self.connected)
+            if self.cfg.egress_listen
+            else None
+        )
         watcher = (
             asyncio.create_task(
                 self.seeds.watch(
@@ -476,6 +482,8 @@ class AgentRuntime:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if egress is not None:
+                egress.close()
             self.streams.link_lost()
             for sess in self.sessions.values():
                 sess.shutdown()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.a2a import A2AComponent
     from agentic_sandbox.broker.agentlink import AgentLinkComponent
+    from agentic_sandbox.broker.egress import EgressComponent
     from agentic_sandbox.broker.exec import ExecComponent
     from agentic_sandbox.broker.instances import FleetComponent
     from agentic_sandbox.broker.instances.enroller import LinkEnroller
@@ -32,4 +33,6 @@ def build_components(svc: Services) -> list[Component]:
     # The fleet last: provisioning waits for agents through the agent link.
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     execs = ExecComponent(svc, agent_link.registry)
-    return [sessions, agent_link, execs, tasks, A2AComponent(svc, tasks.service), fleet]
+    # egress streams from agents: bound to each link as it attaches
+    egress = EgressComponent(svc, agent_link.registry)
+    return [sessions, agent_link, execs, egress, tasks, A2AComponent(svc, tasks.service), fleet]

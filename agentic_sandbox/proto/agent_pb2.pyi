@@ -894,21 +894,25 @@ class StreamOpen(_message.Message):
 
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
     @_builtins.property
     def exec(self) -> Global___ExecSpec: ...
+    @_builtins.property
+    def egress(self) -> Global___EgressSpec: ...
     def __init__(
         self,
         *,
         window: _builtins.int = ...,
         exec: Global___ExecSpec | None = ...,
+        egress: Global___EgressSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "kind", b"kind", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "kind", b"kind", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "egress"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -920,21 +924,25 @@ class StreamAccept(_message.Message):
 
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the accepter accepts on each channel it receives, before credit"""
     @_builtins.property
     def exec(self) -> Global___ExecStarted: ...
+    @_builtins.property
+    def egress(self) -> Global___EgressAccepted: ...
     def __init__(
         self,
         *,
         window: _builtins.int = ...,
         exec: Global___ExecStarted | None = ...,
+        egress: Global___EgressAccepted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "info", b"info", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "info", b"info", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "egress"]  # noqa: Y015
     _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_info) -> _WhichOneofReturnType_info | None: ...
 
@@ -997,23 +1005,27 @@ class StreamClose(_message.Message):
 
     ERROR_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
         """set: refused, failed or cancelled (then `result` is usually unset)"""
 
     @_builtins.property
     def exec(self) -> Global___ExecResult: ...
+    @_builtins.property
+    def egress(self) -> Global___EgressResult: ...
     def __init__(
         self,
         *,
         error: Global___StreamError | None = ...,
         exec: Global___ExecResult | None = ...,
+        egress: Global___EgressResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "egress"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1222,3 +1234,75 @@ class ExecResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecResult: _TypeAlias = ExecResult  # noqa: Y015
+
+@_typing.final
+class EgressSpec(_message.Message):
+    """---- egress (a stream of kind `egress`, opened by the agent): channel 0 both ways ------------------
+    One connection a guest tool made to the agent's local proxy listener; its bytes go to the
+    server's egress proxy as they are (the HTTP request, then a CONNECT tunnel or the answer).
+    Who is asking is the link's instance and incarnation, never anything in here.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    client: _builtins.str
+    """the guest-side peer (informational, for the audit only)"""
+    def __init__(
+        self,
+        *,
+        client: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressSpec: _TypeAlias = EgressSpec  # noqa: Y015
+
+@_typing.final
+class EgressAccepted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressAccepted: _TypeAlias = EgressAccepted  # noqa: Y015
+
+@_typing.final
+class EgressResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BYTES_UP_FIELD_NUMBER: _builtins.int
+    BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    bytes_up: _builtins.int
+    """from the guest"""
+    bytes_down: _builtins.int
+    """to the guest"""
+    verdict: _builtins.str
+    """allowed, denied, failed"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        bytes_up: _builtins.int = ...,
+        bytes_down: _builtins.int = ...,
+        verdict: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "reason", b"reason", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressResult: _TypeAlias = EgressResult  # noqa: Y015

@@ -3,11 +3,12 @@ provisioning. Others use the component; its services are reached through `keys.p
 
 Public face: `FleetComponent`; for the components that act on an instance over its agent
 link (exec): `instance_to_change` (the instance if the caller may change it, else the 404/403
-problem) and `LOADOUTS` (the app key of the loadout catalog, absent without a fleet).
+problem), `instance_to_see` (the instance if the caller may see it; egress) and
+`LOADOUTS` (the app key of the loadout catalog, absent without a fleet).
 """
 
-from agentic_sandbox.broker.instances.api.problems import instance_to_change
+from agentic_sandbox.broker.instances.api.problems import instance_to_change, instance_to_see
 from agentic_sandbox.broker.instances.component import FleetComponent
 from agentic_sandbox.broker.instances.keys import LOADOUTS
 
-__all__ = ["LOADOUTS", "FleetComponent", "instance_to_change"]
+__all__ = ["LOADOUTS", "FleetComponent", "instance_to_change", "instance_to_see"]

@@ -20,7 +20,7 @@ api = FleetRoutes()
 class PoolCreate(Input):
     image: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,127}$")
     loadout: str = Field(default="minimal", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    network: Literal["isolated", "nat"] | None = None
+    network: Literal["isolated", "allowlist", "nat"] | None = None
     size: int = Field(default=2, ge=0, le=64)
 
 

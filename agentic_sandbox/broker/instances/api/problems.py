@@ -22,7 +22,7 @@ from agentic_sandbox.broker.http.problems import (
     too_many,
 )
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, Handler
-from agentic_sandbox.broker.instances.access import changeable_instance
+from agentic_sandbox.broker.instances.access import changeable_instance, visible_instance
 from agentic_sandbox.broker.instances.errors import (
     ConflictError,
     FleetUnavailable,
@@ -86,6 +86,14 @@ async def instance_to_change(db: Database, who: Principal, instance_id: str) -> 
     problems."""
     try:
         return await changeable_instance(db, who, instance_id)
+    except InstanceError as exc:
+        raise instance_problem(exc) from None
+
+
+async def instance_to_see(db: Database, who: Principal, instance_id: str) -> m.Instance:
+    """`visible_instance` for routes outside the fleet's own (egress): a 404 problem."""
+    try:
+        return await visible_instance(db, who, instance_id)
     except InstanceError as exc:
         raise instance_problem(exc) from None
 
