@@ -144,6 +144,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--from-snapshot must be INSTANCE/SNAPSHOT")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    allow_rules(args)
     args.data_dir = args.data_dir.resolve()
     env_images = os.environ.get("SANDBOX_IMAGES_DIR")
     args.images_dir = (
@@ -234,13 +235,13 @@ def http(url: str, token: str, method: str, path: str, body: Any = None) -> tupl
 def allow_rules(args: argparse.Namespace) -> list[Rule]:
     """The --allow rules, checked (a bad one exits with the reason)."""
     if args.allow and args.network not in (None, "allowlist"):
-        raise SystemExit(f"provision-vm.sh: --allow needs --network allowlist, not {args.network}")
+        raise UsageError(f"--allow needs --network allowlist, not {args.network}")
     rules = []
     for text in args.allow:
         try:
             rules.append(parse_rule(text))
         except RuleError as exc:
-            raise SystemExit(f"provision-vm.sh: --allow {text!r}: {exc}") from None
+            raise UsageError(f"--allow {text!r}: {exc}") from None
     return rules
 
 
@@ -328,9 +329,9 @@ def direct(args: argparse.Namespace) -> dict[str, Any]:
     network = EgressPolicy(args.network or loadout.network)
     allow_rules(args)
     if network is EgressPolicy.ALLOWLIST:
-        raise SystemExit(
-            "provision-vm.sh: --network allowlist needs the server (its egress proxy enforces "
-            "the list); set SANDBOX_URL and a token, or use isolated or nat"
+        raise UsageError(
+            "--network allowlist needs the server (its egress proxy enforces the list); "
+            "use --server (or $SANDBOX_URL) with a token, or --network isolated or nat"
         )
     source: Literal["image", "state"] = "state" if args.from_snapshot else "image"
     state_id = None
