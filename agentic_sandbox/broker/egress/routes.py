@@ -85,7 +85,7 @@ async def put_egress(call: Call[EgressIn, NoQuery]) -> EgressOut:
     who = call.require_principal()
     svc = services(call.request)
     row = await instance_to_change(svc.db, who, call.match["instance_id"])
-    async with svc.db.session() as s, s.begin():
+    async with svc.db.session() as s:
         live = await s.get(m.Instance, row.id, with_for_update=True)
         if live is None or live.deleted_at is not None or live.incarnation != row.incarnation:
             raise ProblemError(404, f"no instance {row.id!r}", code="not-found")
@@ -101,6 +101,7 @@ async def put_egress(call: Call[EgressIn, NoQuery]) -> EgressOut:
         before = live.network_policy
         live.spec = {**(live.spec or {}), "egress": new.model_dump(mode="json")}
         live.network_policy = network
+        s.info["wrote"] = True
     call.app[EGRESS_KEY].replace(row.id, row.incarnation, network, new)
     detail = {
         "incarnation": row.incarnation,

@@ -13,7 +13,7 @@ connection at a time, which a proxy cannot share; the link's streams are multipl
 by `replace`, so a change applies to the next connection.
 
 **Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
-allowed/denied/failed) and one `egress.allowed` / `egress.denied` / `egress.failed` event
+ok/denied/failed, the verdict and the rest in its detail) and one `egress.allowed` / `egress.denied` / `egress.failed` event
 (allowed ones when they end, with bytes and duration), counted in `/metrics`.
 """
 
@@ -202,7 +202,7 @@ class EgressService:
             "egress.connect",
             "instance",
             who.instance_id,
-            outcome=verdict,
+            outcome="ok" if verdict == "allowed" else verdict,
             cause=f"{target}: {out.reason or 'ok'}",
             detail=detail,
         )
