@@ -13,8 +13,9 @@ connection at a time, which a proxy cannot share; the link's streams are multipl
 by `replace`, so a change applies to the next connection.
 
 **Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
-ok/denied/failed, the verdict and the rest in its detail) and one `egress.allowed` / `egress.denied` / `egress.failed` event
-(allowed ones when they end, with bytes and duration), counted in `/metrics`.
+ok/denied/failed, the verdict and the rest in its detail) and one event, `egress.allowed`
+(when it ends, with bytes and duration), `egress.denied` or `egress.failed`, counted in
+`/metrics`.
 """
 
 from __future__ import annotations

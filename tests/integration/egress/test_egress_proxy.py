@@ -228,7 +228,7 @@ def test_denied_and_rebound_names_are_refused_and_recorded(stack: Stack) -> None
     status, body, codes = stack.curl(f"http://{REBOUND}:8080/")
     assert codes.startswith("403") and "address-private" in body
     assert "the denied host answered" not in body
-    status, body, codes = stack.curl("http://169.254.169.254/latest/meta-data/")
+    _, body, codes = stack.curl("http://169.254.169.254/latest/meta-data/")
     assert codes.startswith("403")
     events = stack.wait_events(4, after)
     assert [(e["type"], e["data"]["reason"]) for e in events] == [
@@ -278,7 +278,7 @@ def test_the_connection_limit_refuses_with_a_reason(stack: Stack) -> None:
     try:
         held.sendall(f"CONNECT {ALLOWED}:8443 HTTP/1.1\r\nHost: {ALLOWED}:8443\r\n\r\n".encode())
         assert held.recv(100).startswith(b"HTTP/1.1 200")
-        status, body, codes = stack.curl(f"http://{ALLOWED}:8080/")
+        _, body, codes = stack.curl(f"http://{ALLOWED}:8080/")
         assert codes.startswith("429") and "connection-limit" in body
     finally:
         held.close()
