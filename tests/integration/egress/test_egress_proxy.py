@@ -12,7 +12,6 @@ naming their private addresses explicitly).
 
 from __future__ import annotations
 
-import datetime as dt
 import socket
 import subprocess
 import time
@@ -21,14 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.support.agents import AgentProcess, start_agent
 from tests.support.fixtures import unique_id
-from tests.support.netns import NamespaceHost, available
+from tests.support.netns import NamespaceHost, available, make_cert
 from tests.support.server import ServerProcess, free_port
 
 pytestmark = [
@@ -39,47 +34,6 @@ pytestmark = [
 ALLOWED = "allowed.egress.test"
 DENIED = "denied.egress.test"
 REBOUND = "rebound.egress.test"  # allowed by name, resolves to the denied host's address
-
-
-def make_cert(tmp: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for ALLOWED signed by it."""
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ALLOWED)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ALLOWED)]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = (tmp / "ca.pem", tmp / "server.pem", tmp / "server.key")
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
 
 
 class Stack:
@@ -162,7 +116,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("egress")
-    ca, cert, key = make_cert(tmp)
+    ca, cert, key = make_cert(tmp, ALLOWED)
     with NamespaceHost("allowed") as allowed, NamespaceHost("denied") as denied:
         allowed.serve_http(8080, "hello from the allowed host")
         allowed.serve_https(8443, cert, key, "tls hello from the allowed host")
