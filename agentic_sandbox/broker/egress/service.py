@@ -20,12 +20,13 @@ ok/denied/failed, the verdict and the rest in its detail) and one event, `egress
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import select
 
 from agentic_sandbox.broker.egress.limits import InstanceLimits
 from agentic_sandbox.broker.egress.proxy import Opener, Outcome, Pipe, ProxyConnection, open_tcp
@@ -37,7 +38,7 @@ from agentic_sandbox.provision.egress_rules import EgressConfig
 log = logging.getLogger(__name__)
 
 VERDICTS = ("allowed", "denied", "failed")
-RunLookup = Callable[[str], tuple[str, str] | None]
+RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,7 @@ class EgressService:
         self._limits: dict[tuple[str, str], InstanceLimits] = {}
         self.connections: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
         self.bytes: Counter[str] = Counter()  # up, down
-        self.run_lookup: RunLookup | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
         svc.metrics.provide_counter(
             "sandbox_egress_connections",
             "Egress proxy connection attempts by verdict and reason",
@@ -137,6 +137,7 @@ class EgressService:
         if cached is not None and cached.incarnation == incarnation:
             del self._policies[instance_id]
         self._limits.pop((instance_id, incarnation), None)
+        self._runs.pop((instance_id, incarnation), None)
 
     def _limits_for(self, who: Requester, config: EgressConfig | None) -> InstanceLimits:
         key = (who.instance_id, who.incarnation)
@@ -148,9 +149,37 @@ class EgressService:
             )
         return lim
 
+    async def current_run(self, who: Requester) -> tuple[str, str] | None:
+        """(task id, run id) of the task running on the instance now, if one is."""
+        key = (who.instance_id, who.incarnation)
+        now = time.monotonic()
+        cached = self._runs.get(key)
+        if cached is not None and now - cached[0] < RUN_CACHE_SECONDS:
+            return cached[1]
+        async with self.svc.db.session() as s:
+            row = (
+                await s.execute(
+                    select(m.Task.id, m.Run.id)
+                    .join(m.Run, m.Run.task_id == m.Task.id)
+                    .where(
+                        m.Task.instance_id == who.instance_id,
+                        m.Task.incarnation == who.incarnation,
+                        m.Run.state == "running",
+                    )
+                    .order_by(m.Run.started_at.desc())
+                    .limit(1)
+                )
+            ).first()
+        found = (str(row[0]), str(row[1])) if row is not None else None
+        if len(self._runs) > 10_000:
+            self._runs.clear()
+        self._runs[key] = (now, found)
+        return found
+
     # ---- one connection -----------------------------------------------------------------------
     async def serve(self, pipe: Pipe, who: Requester) -> Outcome:
         """Proxy one guest connection and record it."""
+        run = await self.current_run(who)
         policy = await self.policy(who.instance_id, who.incarnation)
         config = policy.effective if policy is not None else None
         limits = self._limits_for(who, config)
@@ -171,14 +200,13 @@ class EgressService:
                 conn.outcome.detail = f"the guest's side ended: {type(exc).__name__}: {exc}"
             raise
         finally:
-            self.record(who, conn.outcome)
+            self.record(who, conn.outcome, run)
 
-    def record(self, who: Requester, out: Outcome) -> None:
+    def record(self, who: Requester, out: Outcome, run: tuple[str, str] | None = None) -> None:
         verdict = out.verdict if out.verdict in VERDICTS else "failed"
         self.connections[(verdict, out.reason or "ok")] += 1
         self.bytes["up"] += out.bytes_up
         self.bytes["down"] += out.bytes_down
-        run = self.run_lookup(who.instance_id) if self.run_lookup is not None else None
         detail: dict[str, Any] = {
             "incarnation": who.incarnation,
             "kind": out.kind,
