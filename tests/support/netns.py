@@ -2,7 +2,7 @@
 
     with NamespaceHost("a") as host:        # a netns, a veth pair, 10.231.N.2 inside
         host.serve_http(8080, "hello")      # python3 -m http.server inside it
-        host.serve_https(8443, cert, key)   # an HTTPS server inside it (a test's own cert)
+        host.serve_https(8443, cert, key, "hello")  # HTTPS (a test's own cert; /bytes/N too)
         host.address                        # what the host side reaches it at
 
 Each host gets a /30 of 10.231.0.0/16 of its own (the host side .1, the namespace .2), chosen
@@ -38,7 +38,18 @@ HTTPS_SERVER = r"""
 import http.server, ssl, sys
 addr, port, cert, key, text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path.startswith("/bytes/"):  # N zero bytes (benchmarks)
+            n = int(self.path.split("/")[2])
+            self.send_response(200)
+            self.send_header("content-length", str(n))
+            self.end_headers()
+            chunk = bytes(65536)
+            while n > 0:
+                self.wfile.write(chunk[: min(n, len(chunk))])
+                n -= len(chunk)
+            return
         body = (text + " " + self.path + "\n").encode()
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
