@@ -28,6 +28,13 @@ UNAVAILABLE = (
 )
 
 
+def proxy_env(listen: str) -> dict[str, str]:
+    """The proxy variables for the agent's sessions and execs (both spellings)."""
+    url = f"http://{listen}"
+    env = {"http_proxy": url, "https_proxy": url, "no_proxy": "localhost,127.0.0.1,::1"}
+    return {**env, **{k.upper(): v for k, v in env.items()}}
+
+
 class EgressConnection(asyncio.Protocol):
     """One tool's connection, relayed over one egress stream."""
 

@@ -115,6 +115,10 @@ class AgentRuntime:
             {"exec": self._open_exec}, wake=self.wake, max_streams=config.max_streams
         )
         self._stream_turn = False
+        # sessions and execs reach the egress proxy without a login shell's profile
+        self.proxy_env = (
+            agent_egress.proxy_env(config.egress_listen) if config.egress_listen else {}
+        )
 
     @property
     def connected(self) -> bool:
@@ -143,7 +147,7 @@ class AgentRuntime:
                 command=list(msg.command),
                 cols=msg.cols or 80,
                 rows=msg.rows or 24,
-                env=dict(msg.env),
+                env={**self.proxy_env, **dict(msg.env)},
                 cwd=msg.cwd,
                 user=msg.user or self.cfg.default_user,
                 ring_bytes=self.cfg.ring_bytes,
@@ -163,7 +167,7 @@ class AgentRuntime:
     def _open_exec(
         self, stream: Stream, msg: pb.StreamOpen
     ) -> tuple[StreamHandler, pb.StreamAccept]:
-        ctx = ExecContext(self.cgroups, self.cfg.default_user)
+        ctx = ExecContext(self.cgroups, self.cfg.default_user, self.proxy_env)
         return ExecRun.open(ctx, stream, msg)
 
     def _forget(self, sid: str) -> None:

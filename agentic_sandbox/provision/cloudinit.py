@@ -161,8 +161,8 @@ def proxy_environment(url: str) -> dict[str, str]:
 
 
 def proxy_files(url: str) -> list[dict[str, Any]]:
-    """An `allowlist` guest's proxy settings: the environment for logins (and the agent's
-    sessions, through its environment file), and apt's, pip's, npm's and git's own."""
+    """An `allowlist` guest's proxy settings: the environment for logins (the agent gives its
+    sessions and execs the same from its `egress_listen`), and apt's, pip's, npm's and git's."""
     env = "".join(f"{k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
     profile = "".join(f"export {k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
     return [

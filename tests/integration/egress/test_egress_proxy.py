@@ -241,3 +241,21 @@ def test_the_connection_limit_refuses_with_a_reason(stack: Stack) -> None:
         assert time.monotonic() < deadline, "the slot never came back"
         time.sleep(0.1)
     stack.put(stack.base_rules(), max_connections=32)
+
+
+def test_the_agents_commands_get_the_proxy_settings(stack: Stack) -> None:
+    """An exec (no login shell) has the proxy variables, so a plain `curl` goes through it."""
+    stack.put(stack.base_rules())
+    out = stack.server.ok(
+        "POST",
+        f"/api/v2/admin/instances/{stack.instance}/exec",
+        {
+            "argv": [
+                "sh",
+                "-c",
+                "echo $http_proxy $HTTPS_PROXY; curl -sS http://" + ALLOWED + ":8080/",
+            ]
+        },
+    )
+    assert out["exit_code"] == 0, out
+    assert out["stdout"]["data"] == f"{stack.proxy} {stack.proxy}\nhello from the allowed host\n"
