@@ -39,6 +39,7 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0  # a tunnel or relay with no byte either way for this long ends
 MAX_HEAD = 16 * 1024
 READ_CHUNK = 64 * 1024
+MAX_TRIES = 4  # addresses tried per connection (each within CONNECT_TIMEOUT)
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -221,7 +222,7 @@ class ProxyConnection:
         self, decision: Decision
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         last = ""
-        for address in decision.addresses:
+        for address in decision.addresses[:MAX_TRIES]:
             try:
                 pair = await self._open(str(address), self.outcome.port)
             except (OSError, TimeoutError) as exc:
