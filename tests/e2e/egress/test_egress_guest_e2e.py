@@ -86,7 +86,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         hosts.write_text(f"{allowed.address} {ALLOWED}\n{denied.address} {DENIED}\n")
         with libvirt_server(
             "sbx-e2e-egress-",
-            SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="900",
+            # a shared 2-core machine under load boots TCG guests many times slower than alone
+            SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="1500",
             SANDBOX_EGRESS_HOSTS_FILE=str(hosts),
         ) as srv:
             try:
@@ -116,8 +117,15 @@ def guest(env: Env) -> str:
     }
     status, op = server.api("POST", "/api/v2/admin/instances", body)
     assert status == 202, op
-    op = wait_op(server, op, timeout=1000)
-    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    op = wait_op(server, op, timeout=1600)
+    assert op["state"] == "succeeded", "\n".join(
+        str(v)
+        for v in (
+            (op.get("error") or {}).get("cause"),
+            op.get("stages"),
+            (op.get("error") or {}).get("diagnostics"),
+        )
+    )
     # the CA for the HTTPS host, for the guest's client (the test's own, not the guest's store)
     ex(server, ["sh", "-c", "cat > /tmp/egress-ca.pem"], stdin=env.ca.read_text())
     return GUEST
