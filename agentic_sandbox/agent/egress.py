@@ -127,8 +127,12 @@ class EgressConnection(asyncio.Protocol):
                 self._owed += len(data)
             else:
                 stream.consumed(0, len(data))
-        if eof and transport.can_write_eof():
-            transport.write_eof()
+        if eof:
+            try:
+                if transport.can_write_eof():
+                    transport.write_eof()
+            except OSError:  # the tool is gone already (its side is shut down)
+                transport.close()
 
     def on_credit(self, channel: int) -> None:
         if channel == 0:

@@ -283,3 +283,20 @@ async def test_agent_opened_streams_are_refused_until_a_kind_is_accepted() -> No
     await pair.settle()
     assert handler.error is not None and handler.error.code == "unsupported"
     assert len(pair.agent) == 0 and len(pair.server) == 0
+
+
+class Failing(Producer):
+    def on_data(self, channel: int, data: bytes, eof: bool) -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+
+
+async def test_a_failing_handler_ends_its_stream_never_the_link() -> None:
+    pair = Pair()
+    pair.agent.openers["exec"] = lambda s, m: (Failing(s, 0), pb.StreamAccept())
+    broken, healthy = pair.open(), pair.open()
+    await pair.settle()
+    await broken.write(0, b"boom")
+    await pair.settle()  # the table's receive must not raise into the link's loop
+    close = await broken.closed()
+    assert close.error.code == "internal" and "not connected" in close.error.message
+    assert healthy.failure is None and not healthy.local_closed
