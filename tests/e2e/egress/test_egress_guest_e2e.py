@@ -19,6 +19,7 @@ One guest for the module (a cold boot is ~50 s alone, minutes on a loaded machin
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,15 +138,14 @@ def ex(server: ServerProcess, argv: list[str], stdin: str | None = None) -> dict
         body["stdin"] = stdin
     status, out = server.api("POST", f"/api/v2/admin/instances/{GUEST}/exec", body, timeout=300)
     assert status == 200, (status, out)
-    assert out["exit_code"] == 0, out
+    assert out["exit_code"] == 0, f"{argv[:2]}: exit {out['exit_code']}: {out['stderr']['data']}"
     return dict(out)
 
 
 def fetch(env: Env, url: str, *, https: bool = False) -> dict[str, Any]:
     """urllib in a login shell of the guest (so with the seed's proxy settings)."""
     argv = ["python3", "-c", FETCH, url, *(["/tmp/egress-ca.pem"] if https else [])]
-    script = " ".join(json.dumps(a) for a in argv)
-    out = ex(env.server, ["bash", "-lc", script])
+    out = ex(env.server, ["bash", "-lc", shlex.join(argv)])
     return dict(json.loads(out["stdout"]["data"]))
 
 
