@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Provision one agentic-sandbox VM from a shell, with or without a running server.
 # Usage: provision/provision-vm.sh NAME [--loadout FILE|NAME] [--cpus N] [--memory MiB]
-#        [--disk GiB] [--ssh-key FILE] [--network isolated|nat] [--start] [--wait]
+#        [--disk GiB] [--ssh-key FILE] [--network isolated|allowlist|nat] [--allow HOST:PORT …]
+#        [--start] [--wait]
 #        [--from-snapshot INSTANCE/SNAPSHOT] [--dry-run] [--json]      (--help for all)
 # It runs the project's Python (the .venv made by scripts/install.sh, or $SANDBOX_PYTHON).
 set -euo pipefail

@@ -54,6 +54,8 @@ class AgentConfig:
     max_sessions: int = 64
     max_streams: int = 64  # byte streams (exec runs, …) at once on the link
     default_user: str = ""
+    # HOST:PORT of the guest-local egress proxy listener (allowlist guests); "" = none
+    egress_listen: str = ""
     log_level: str = "INFO"
     log_format: str = "json"
     # In a guest: take the identity from the cloud-init seed and follow it when it changes
@@ -64,9 +66,9 @@ class AgentConfig:
     def validate(self) -> AgentConfig:
         if not INSTANCE_RE.match(self.instance_id):
             raise ConfigError("instance_id: required, [a-z0-9][a-z0-9-]{0,62}")
-        for key in ("server", "enroll_server", "gateway"):
+        for key in ("server", "enroll_server", "gateway", "egress_listen"):
             value = getattr(self, key)
-            if key == "gateway" and not value:
+            if key in ("gateway", "egress_listen") and not value:
                 continue
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -174,6 +176,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-backoff", type=float, help="longest reconnect delay (default 30 s)")
     p.add_argument("--max-sessions", type=int, help="sessions at once (default 64)")
     p.add_argument("--max-streams", type=int, help="exec runs and other streams at once (64)")
+    p.add_argument(
+        "--egress-listen", help="HOST:PORT of a local egress proxy listener (allowlist guests)"
+    )
     p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("--log-format", choices=("json", "text"))

@@ -32,7 +32,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from agentic_sandbox.agent.cgroups import BudgetRefused, Cgroups, RunCgroup, Usage
@@ -53,6 +53,8 @@ class ExecContext:
 
     cgroups: Cgroups
     default_user: str = ""
+    # on top of the user's basic environment, under the request's (the egress proxy settings)
+    base_env: dict[str, str] = field(default_factory=dict)
 
 
 def _account(name: str) -> pwd.struct_passwd:
@@ -185,6 +187,7 @@ class ExecRun:
         if not os.path.isabs(cwd) or not os.path.isdir(cwd):
             raise StreamRefused("bad-cwd", f"working directory {cwd!r} does not exist", "cwd")
         env = _base_env(user)
+        env.update(ctx.base_env)
         env.update(spec.env)
         try:
             cg = ctx.cgroups.create(f"exec-{stream.id}", spec.budget)

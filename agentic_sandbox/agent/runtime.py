@@ -35,6 +35,7 @@ from importlib import metadata
 import grpc
 
 from agentic_sandbox.agent import cgroups, files, identity, pki
+from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
@@ -114,6 +115,10 @@ class AgentRuntime:
         openers.update(dict.fromkeys(files.KINDS, self._open_file))
         self.streams = StreamTable(openers, wake=self.wake, max_streams=config.max_streams)
         self._stream_turn = False
+        # sessions and execs reach the egress proxy without a login shell's profile
+        self.proxy_env = (
+            agent_egress.proxy_env(config.egress_listen) if config.egress_listen else {}
+        )
 
     @property
     def connected(self) -> bool:
@@ -142,7 +147,7 @@ class AgentRuntime:
                 command=list(msg.command),
                 cols=msg.cols or 80,
                 rows=msg.rows or 24,
-                env=dict(msg.env),
+                env={**self.proxy_env, **dict(msg.env)},
                 cwd=msg.cwd,
                 user=msg.user or self.cfg.default_user,
                 ring_bytes=self.cfg.ring_bytes,
@@ -162,7 +167,7 @@ class AgentRuntime:
     def _open_exec(
         self, stream: Stream, msg: pb.StreamOpen
     ) -> tuple[StreamHandler, pb.StreamAccept]:
-        ctx = ExecContext(self.cgroups, self.cfg.default_user)
+        ctx = ExecContext(self.cgroups, self.cfg.default_user, self.proxy_env)
         return ExecRun.open(ctx, stream, msg)
 
     def _open_file(
@@ -431,6 +436,11 @@ class AgentRuntime:
         )
         self._guard()
         await self.adopt_seed_identity()
+        egress = (
+            await agent_egress.serve(self.cfg.egress_listen, self.streams, lambda: self.connected)
+            if self.cfg.egress_listen
+            else None
+        )
         watcher = (
             asyncio.create_task(
                 self.seeds.watch(
@@ -481,6 +491,8 @@ class AgentRuntime:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if egress is not None:
+                egress.close()
             self.streams.link_lost()
             for sess in self.sessions.values():
                 sess.shutdown()

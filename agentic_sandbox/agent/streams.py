@@ -161,7 +161,11 @@ class Stream:
             return f"{n} bytes on channel {ch} with {left} granted"
         self._allowance[ch] = left - n
         if self.handler is not None and not self.remote_closed:
-            self.handler.on_data(ch, bytes(msg.data), msg.eof)
+            try:
+                self.handler.on_data(ch, bytes(msg.data), msg.eof)
+            except Exception as exc:  # a kind's failure ends its stream, never the link
+                log.exception("stream %d: its handler failed", self.id)
+                self.fail("internal", f"{type(exc).__name__}: {exc}")
         return ""
 
     def _on_credit(self, msg: pb.StreamCredit) -> None:
@@ -170,7 +174,11 @@ class Stream:
             return
         self._credit[ch] = min(MAX_WINDOW, self.room(ch) + msg.bytes)
         if self.handler is not None and not self.remote_closed:
-            self.handler.on_credit(ch)
+            try:
+                self.handler.on_credit(ch)
+            except Exception as exc:
+                log.exception("stream %d: its handler failed", self.id)
+                self.fail("internal", f"{type(exc).__name__}: {exc}")
 
     # ---- the table's side --------------------------------------------------------------------
     def _next_control(self) -> pb.StreamFrame | None:
@@ -349,7 +357,11 @@ class StreamTable:
             stream._peer_window = min(max(frame.accept.window, 0), MAX_WINDOW)
             stream.accepted = True
             if stream.handler is not None:
-                stream.handler.on_credit(0)  # the accept's window: the opener may send now
+                try:
+                    stream.handler.on_credit(0)  # the accept's window: the opener may send now
+                except Exception as exc:
+                    log.exception("stream %d: its handler failed", sid)
+                    stream.fail("internal", f"{type(exc).__name__}: {exc}")
         elif body == "close":
             error = frame.close.error if frame.close.HasField("error") else None
             if not stream.accepted:  # our open was refused: there is nothing to close

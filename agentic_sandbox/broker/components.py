@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.a2a import A2AComponent
     from agentic_sandbox.broker.agentlink import AgentLinkComponent
+    from agentic_sandbox.broker.egress import EgressComponent
     from agentic_sandbox.broker.exec import ExecComponent
     from agentic_sandbox.broker.files import FilesComponent
     from agentic_sandbox.broker.instances import FleetComponent
@@ -34,4 +35,15 @@ def build_components(svc: Services) -> list[Component]:
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     execs = ExecComponent(svc, agent_link.registry)
     files = FilesComponent(svc, agent_link.registry)
-    return [sessions, agent_link, execs, files, tasks, A2AComponent(svc, tasks.service), fleet]
+    # egress streams from agents: bound to each link as it attaches
+    egress = EgressComponent(svc, agent_link.registry)
+    return [
+        sessions,
+        agent_link,
+        execs,
+        files,
+        egress,
+        tasks,
+        A2AComponent(svc, tasks.service),
+        fleet,
+    ]

@@ -230,6 +230,13 @@ class Settings(BaseSettings):
         default=4, ge=1, le=10_000, description="file transfers at once on one instance (429)"
     )
 
+    # ---- egress proxy -----------------------------------------------------------------------
+    egress_hosts_file: Path | None = Field(
+        default=None,
+        description="resolve egress destinations from this hosts(5)-format file only "
+        "(never DNS); unset: the host's resolver",
+    )
+
     # ---- sessions ---------------------------------------------------------------------------
     session_ring_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
     session_max_observers: int = Field(default=100, ge=0, le=10_000)

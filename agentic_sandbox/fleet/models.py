@@ -74,7 +74,14 @@ class InstanceState(StrEnum):
 
 class EgressPolicy(StrEnum):
     ISOLATED = "isolated"  # only the agent link (and inbound SSH forward)
+    # as isolated at the VM (restrict=on): tools reach the host's egress proxy over the link
+    ALLOWLIST = "allowlist"
     NAT = "nat"  # ordinary user-mode NAT
+
+    @property
+    def restricted(self) -> bool:
+        """QEMU drops everything but the explicit forwards (`restrict=on`)."""
+        return self is not EgressPolicy.NAT
 
 
 class Accel(StrEnum):

@@ -900,6 +900,7 @@ class StreamOpen(_message.Message):
     FILE_LIST_FIELD_NUMBER: _builtins.int
     FILE_MKDIR_FIELD_NUMBER: _builtins.int
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
     @_builtins.property
@@ -915,7 +916,9 @@ class StreamOpen(_message.Message):
     @_builtins.property
     def file_mkdir(self) -> Global___FileMkdir: ...
     @_builtins.property
-    def file_remove(self) -> Global___FileRemove:
+    def file_remove(self) -> Global___FileRemove: ...
+    @_builtins.property
+    def egress(self) -> Global___EgressSpec:
         """20-29: ports"""
 
     def __init__(
@@ -929,12 +932,13 @@ class StreamOpen(_message.Message):
         file_list: Global___FileList | None = ...,
         file_mkdir: Global___FileMkdir | None = ...,
         file_remove: Global___FileRemove | None = ...,
+        egress: Global___EgressSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "egress"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -947,6 +951,7 @@ class StreamAccept(_message.Message):
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
     FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the accepter accepts on each channel it receives, before credit"""
     @_builtins.property
@@ -955,18 +960,23 @@ class StreamAccept(_message.Message):
     def file_download(self) -> Global___FileInfo:
         """what is sent: a file, or a directory (as a tar stream)"""
 
+    @_builtins.property
+    def egress(self) -> Global___EgressAccepted:
+        """20-29: ports"""
+
     def __init__(
         self,
         *,
         window: _builtins.int = ...,
         exec: Global___ExecStarted | None = ...,
         file_download: Global___FileInfo | None = ...,
+        egress: Global___EgressAccepted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "file_download", b"file_download", "info", b"info", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download"]  # noqa: Y015
+    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download", "egress"]  # noqa: Y015
     _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_info) -> _WhichOneofReturnType_info | None: ...
 
@@ -1035,6 +1045,7 @@ class StreamClose(_message.Message):
     FILE_LIST_FIELD_NUMBER: _builtins.int
     FILE_MKDIR_FIELD_NUMBER: _builtins.int
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
         """set: refused, failed or cancelled (then `result` is usually unset)"""
@@ -1052,7 +1063,9 @@ class StreamClose(_message.Message):
     @_builtins.property
     def file_mkdir(self) -> Global___FileInfo: ...
     @_builtins.property
-    def file_remove(self) -> Global___FileRemoved:
+    def file_remove(self) -> Global___FileRemoved: ...
+    @_builtins.property
+    def egress(self) -> Global___EgressResult:
         """20-29: ports"""
 
     def __init__(
@@ -1066,12 +1079,13 @@ class StreamClose(_message.Message):
         file_list: Global___FileListing | None = ...,
         file_mkdir: Global___FileInfo | None = ...,
         file_remove: Global___FileRemoved | None = ...,
+        egress: Global___EgressResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "egress"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1597,3 +1611,75 @@ class FileRemoved(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FileRemoved: _TypeAlias = FileRemoved  # noqa: Y015
+
+@_typing.final
+class EgressSpec(_message.Message):
+    """---- egress (a stream of kind `egress`, opened by the agent): channel 0 both ways ------------------
+    One connection a guest tool made to the agent's local proxy listener; its bytes go to the
+    server's egress proxy as they are (the HTTP request, then a CONNECT tunnel or the answer).
+    Who is asking is the link's instance and incarnation, never anything in here.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    client: _builtins.str
+    """the guest-side peer (informational, for the audit only)"""
+    def __init__(
+        self,
+        *,
+        client: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressSpec: _TypeAlias = EgressSpec  # noqa: Y015
+
+@_typing.final
+class EgressAccepted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressAccepted: _TypeAlias = EgressAccepted  # noqa: Y015
+
+@_typing.final
+class EgressResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BYTES_UP_FIELD_NUMBER: _builtins.int
+    BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    bytes_up: _builtins.int
+    """from the guest"""
+    bytes_down: _builtins.int
+    """to the guest"""
+    verdict: _builtins.str
+    """allowed, denied, failed"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        bytes_up: _builtins.int = ...,
+        bytes_down: _builtins.int = ...,
+        verdict: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "reason", b"reason", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressResult: _TypeAlias = EgressResult  # noqa: Y015

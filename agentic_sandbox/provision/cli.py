@@ -35,6 +35,7 @@ from agentic_sandbox.fleet import (
     preview_domain_xml,
 )
 from agentic_sandbox.images import ImageBuilder, ImageNotFound, ImageStore
+from agentic_sandbox.provision.egress_rules import Rule, RuleError, parse_rule
 from agentic_sandbox.provision.loadouts import LoadoutCatalog, LoadoutError, load_catalog
 from agentic_sandbox.provision.pipeline import Provisioner, ProvisionError, ProvisionRequest
 
@@ -67,7 +68,19 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="public key for the agent user (repeatable)",
     )
-    p.add_argument("--network", choices=["isolated", "nat"], help="egress policy")
+    p.add_argument(
+        "--network",
+        choices=["isolated", "allowlist", "nat"],
+        help="egress policy (allowlist: only --allow destinations, through the server's proxy)",
+    )
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="an allowlist rule: HOST:PORT, *.SUFFIX:PORT, [V6]:PORT, optionally :GET,HEAD "
+        "(repeatable; with --network allowlist)",
+    )
     p.add_argument("--start", action="store_true", help="start the VM (default: define only)")
     p.add_argument(
         "--wait",
@@ -131,6 +144,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--from-snapshot must be INSTANCE/SNAPSHOT")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    allow_rules(args)
     args.data_dir = args.data_dir.resolve()
     env_images = os.environ.get("SANDBOX_IMAGES_DIR")
     args.images_dir = (
@@ -218,6 +232,19 @@ def http(url: str, token: str, method: str, path: str, body: Any = None) -> tupl
             return exc.code, {"detail": raw.decode(errors="replace")}
 
 
+def allow_rules(args: argparse.Namespace) -> list[Rule]:
+    """The --allow rules, checked (a bad one exits with the reason)."""
+    if args.allow and args.network not in (None, "allowlist"):
+        raise UsageError(f"--allow needs --network allowlist, not {args.network}")
+    rules = []
+    for text in args.allow:
+        try:
+            rules.append(parse_rule(text))
+        except RuleError as exc:
+            raise UsageError(f"--allow {text!r}: {exc}") from None
+    return rules
+
+
 def via_server(args: argparse.Namespace, url: str, token: str) -> dict[str, Any]:
     catalog, loadout_name = load_loadout(args.loadout)
     body: dict[str, Any] = {"id": args.name, "wait_ready": args.wait, "start": args.start}
@@ -231,6 +258,8 @@ def via_server(args: argparse.Namespace, url: str, token: str) -> dict[str, Any]
         body["from_snapshot"] = args.from_snapshot
     if args.network:
         body["network"] = args.network
+    if args.allow:
+        body["egress"] = {"allow": [r.text for r in allow_rules(args)]}
     res = {
         k: v
         for k, v in (("cpus", args.cpus), ("memory_mib", args.memory), ("disk_gib", args.disk))
@@ -298,6 +327,12 @@ def direct(args: argparse.Namespace) -> dict[str, Any]:
     loadout = catalog.resolve(loadout_name)
     keys = read_keys(args.ssh_key)
     network = EgressPolicy(args.network or loadout.network)
+    allow_rules(args)
+    if network is EgressPolicy.ALLOWLIST:
+        raise UsageError(
+            "--network allowlist needs the server (its egress proxy enforces the list); "
+            "use --server (or $SANDBOX_URL) with a token, or --network isolated or nat"
+        )
     source: Literal["image", "state"] = "state" if args.from_snapshot else "image"
     state_id = None
     if args.from_snapshot:

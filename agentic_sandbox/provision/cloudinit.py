@@ -150,6 +150,43 @@ WantedBy=multi-user.target
 """
 
 
+EGRESS_LISTEN = "127.0.0.1:3128"  # the agent's proxy listener in `allowlist` guests
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def proxy_environment(url: str) -> dict[str, str]:
+    """The proxy variables every tool reads (both spellings: curl wants lower case)."""
+    env = {"http_proxy": url, "https_proxy": url, "no_proxy": NO_PROXY}
+    return {**env, **{k.upper(): v for k, v in env.items()}}
+
+
+def proxy_files(url: str) -> list[dict[str, Any]]:
+    """An `allowlist` guest's proxy settings: the environment for logins (the agent gives its
+    sessions and execs the same from its `egress_listen`), and apt's, pip's, npm's and git's."""
+    env = "".join(f"{k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
+    profile = "".join(f"export {k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
+    return [
+        {"path": "/etc/environment", "content": env, "append": True, "permissions": "0644"},
+        {"path": "/etc/profile.d/egress-proxy.sh", "content": profile, "permissions": "0644"},
+        {
+            "path": "/etc/apt/apt.conf.d/80egress-proxy",
+            "content": f'Acquire::http::Proxy "{url}";\nAcquire::https::Proxy "{url}";\n',
+            "permissions": "0644",
+        },
+        {"path": "/etc/pip.conf", "content": f"[global]\nproxy = {url}\n", "permissions": "0644"},
+        {
+            "path": "/etc/npmrc",
+            "content": f"proxy={url}\nhttps-proxy={url}\nnoproxy={NO_PROXY}\n",
+            "permissions": "0644",
+        },
+        {
+            "path": "/etc/gitconfig",
+            "content": f"[http]\n\tproxy = {url}\n[https]\n\tproxy = {url}\n",
+            "permissions": "0644",
+        },
+    ]
+
+
 def render_user_data(
     *,
     hostname: str,
@@ -159,6 +196,7 @@ def render_user_data(
     python: str = f"{AGENT_VENV}/bin/python",
     elide_bundle: bool = False,
     nat: bool = False,
+    egress_proxy: str | None = None,
 ) -> str:
     """The #cloud-config document (`elide_bundle` shows the agent bundle as a placeholder, for
     dry runs that print it)."""
@@ -195,10 +233,12 @@ def render_user_data(
         write_files.append(
             {"path": "/etc/resolv.conf", "content": "nameserver 10.0.2.3\n", "permissions": "0644"}
         )
-    if loadout.environment:
-        env_lines = "".join(
-            f"{k}={json.dumps(v)}\n" for k, v in sorted(loadout.environment.items())
-        )
+    environment = dict(loadout.environment)
+    if egress_proxy is not None:
+        write_files += proxy_files(egress_proxy)
+        environment = {**proxy_environment(egress_proxy), **environment}
+    if environment:
+        env_lines = "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(environment.items()))
         write_files.append(
             {"path": f"{AGENT_ETC}/environment", "content": env_lines, "permissions": "0644"}
         )

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentic_sandbox.provision.egress_rules import EgressConfig
+
 BUILTIN_DIR = Path(__file__).with_name("loadouts")
 NAME_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
 PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,127}(=[A-Za-z0-9.+~:-]+)?$")
@@ -173,7 +175,11 @@ class Loadout(_Strict):
     name: str = Field(pattern=NAME_RE)
     description: str = ""
     resources: Resources = Resources()
-    network: Literal["isolated", "nat"] = "isolated"
+    network: Literal["isolated", "allowlist", "nat"] = "isolated"
+    egress: EgressConfig = Field(
+        default=EgressConfig(),
+        description="allowlist rules (HOST:PORT, *.SUFFIX:PORT …) and limits for `allowlist`",
+    )
     sudo: bool = Field(default=False, description="passwordless sudo for the agent user")
     packages: list[str] = Field(default_factory=list, max_length=500)
     write_files: list[WriteFile] = Field(default_factory=list, max_length=200)
@@ -232,6 +238,13 @@ def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(s, dict) and "id" in s:
                     merged[s["id"]] = s
             out[key] = list(merged.values())
+        elif key == "egress" and isinstance(value, dict):
+            found_egress = out.get(key)
+            parent_egress: dict[str, Any] = found_egress if isinstance(found_egress, dict) else {}
+            merged_egress = {**parent_egress, **value}
+            if "allow" in value and "allow" in parent_egress:
+                merged_egress["allow"] = [*parent_egress["allow"], *value["allow"]]
+            out[key] = merged_egress
         elif key in ("resources", "environment", "task_runner") and isinstance(value, dict):
             out[key] = {**out.get(key, {}), **value}
         elif key == "budgets" and isinstance(value, dict):

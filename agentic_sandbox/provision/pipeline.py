@@ -38,6 +38,7 @@ from agentic_sandbox.images import BuiltImage
 from agentic_sandbox.provision.agent_console import AgentConsoleWatch
 from agentic_sandbox.provision.bundle import AgentBundle, BundleError
 from agentic_sandbox.provision.cloudinit import (
+    EGRESS_LISTEN,
     AgentBootstrap,
     render_meta_data,
     render_network_config,
@@ -224,16 +225,16 @@ class Provisioner:
 
     def check(self, req: ProvisionRequest) -> None:
         """Refuse requests that cannot work, before touching anything."""
-        if req.egress is EgressPolicy.ISOLATED and req.loadout.needs_network_at_boot:
+        if req.egress.restricted and req.loadout.needs_network_at_boot:
             raise ProvisionError(
                 "placing",
                 f"loadout {req.loadout.name!r} installs packages at first boot, which needs "
-                "network 'nat' (this instance is 'isolated')",
+                f"network 'nat' (this instance is {req.egress.value!r})",
             )
         if req.source == "image":
             if req.image is None:
                 raise ProvisionError("placing", "no image given for a cold create")
-            if req.image.needs_agent_runtime and req.egress is EgressPolicy.ISOLATED:
+            if req.image.needs_agent_runtime and req.egress.restricted:
                 raise ProvisionError(
                     "placing",
                     f"image {req.image.name} is a cloud image without the agent runtime; "
@@ -263,6 +264,9 @@ class Provisioner:
             ca_pem=grant.ca_pem if grant else "",
             bundle=self.bundle(),
             runtime_baked=runtime_baked,
+            extra_config=(
+                {"egress_listen": EGRESS_LISTEN} if req.egress is EgressPolicy.ALLOWLIST else {}
+            ),
         )
         identity = {
             **bootstrap.config(),
@@ -279,11 +283,12 @@ class Provisioner:
                 ssh_keys=list(req.ssh_keys),
                 elide_bundle=for_display,
                 nat=req.egress is EgressPolicy.NAT,
+                egress_proxy=f"http://{EGRESS_LISTEN}"
+                if req.egress is EgressPolicy.ALLOWLIST
+                else None,
             ),
             meta_data=render_meta_data(req.instance_id, hostname),
-            network_config=render_network_config(
-                "static" if req.egress is EgressPolicy.ISOLATED else "dhcp"
-            ),
+            network_config=render_network_config("static" if req.egress.restricted else "dhcp"),
             extra={IDENTITY_FILE: json.dumps(identity, indent=2) + "\n"},
         )
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy import delete, select, update
 
 from agentic_sandbox.broker.agentlink.link import AgentConnection
+from agentic_sandbox.broker.agentlink.stream_kinds import EgressOpened
+from agentic_sandbox.broker.agentlink.streams import ServerStream
 from agentic_sandbox.broker.observability.audit import AuditLog
 from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.observability.metrics import Metrics
@@ -26,6 +29,9 @@ from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 
 log = logging.getLogger(__name__)
+
+# serves one stream an agent opened (egress), knowing whose link it came on
+LinkAcceptor = Callable[[AgentConnection, ServerStream, EgressOpened], Awaitable[None]]
 
 METRICS_FLUSH_SECONDS = 30.0
 
@@ -56,6 +62,8 @@ class AgentRegistry:
         self._db_writes: set[asyncio.Task[None]] = set()
         self._last_flush = 0.0
         self.listeners: list[Callable[[AgentConnection, str], None]] = []
+        # agent-opened streams by kind (egress): bound to each link as it attaches
+        self.stream_acceptors: dict[str, LinkAcceptor] = {}
         metrics.provide(
             "sandbox_agents",
             "Agents with a live link, by state (connected, stale)",
@@ -132,6 +140,8 @@ class AgentRegistry:
             old.close("replaced by a newer connection")
             self._metrics.agent_link_events.labels("replaced").inc()
         self._links[conn.instance_id] = conn
+        for kind, acceptor in self.stream_acceptors.items():
+            conn.streams.acceptors[kind] = functools.partial(acceptor, conn)
         self._metrics.agent_link_events.labels("connected").inc()
         self._events.publish(
             "agent.connected",

@@ -162,6 +162,47 @@ class FileRemoved:
     removed: int
 
 
+# ---- egress (opened by the agent) ---------------------------------------------------------------
+@dataclass(slots=True)
+class EgressOpened:
+    """An agent-opened egress stream: one guest tool's connection to the agent's proxy listener.
+    `client` is the guest-side peer as the agent says it (informational, for the audit only)."""
+
+    client: str
+
+
+@dataclass(slots=True)
+class EgressResult:
+    bytes_up: int  # from the guest
+    bytes_down: int  # to the guest
+    verdict: str  # allowed, denied, failed
+    reason: str
+
+
+def opened(msg: pb.StreamOpen) -> EgressOpened | None:
+    """The typed spec of a stream the agent opened (None: a kind the server accepts none of)."""
+    if msg.WhichOneof("kind") == "egress":
+        return EgressOpened(client=msg.egress.client)
+    return None
+
+
+def to_accept(opened: EgressOpened) -> pb.StreamAccept:
+    """The accept for an agent-opened stream of `opened`'s kind."""
+    return pb.StreamAccept(egress=pb.EgressAccepted())
+
+
+def to_close(result: EgressResult) -> pb.StreamClose:
+    """Our close of an agent-opened stream, with its result."""
+    return pb.StreamClose(
+        egress=pb.EgressResult(
+            bytes_up=result.bytes_up,
+            bytes_down=result.bytes_down,
+            verdict=result.verdict,
+            reason=result.reason,
+        )
+    )
+
+
 DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
 
 OpenSpec = ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove

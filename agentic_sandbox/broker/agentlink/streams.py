@@ -17,8 +17,10 @@ values of `stream_kinds.py` (no protobuf outside this package):
     stream.cancel("canceled", "the caller went away")       # any time; idempotent
     stream.expire_at(deadline)                              # one deadline for the whole stream
 
-Agent-opened streams (egress) are handed to an acceptor registered by kind
-(`LinkStreams.acceptors`); none is registered yet, so the agent is told `unsupported`.
+Agent-opened streams (egress) are handed, with their typed spec (`stream_kinds.opened`), to an
+acceptor registered by kind (`LinkStreams.acceptors`, bound per link from
+`AgentRegistry.stream_acceptors`); an unregistered kind is told `unsupported`. The acceptor
+answers with `accept(stream, spec)` and ends with `finish(stream, result)`.
 
 Bounds: at most `max_streams` per link (`TooManyStreams`); what the agent may send a stream
 is what the stream granted (`window` per channel, credited back a quarter at a time as the
@@ -41,11 +43,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
 from agentic_sandbox.broker.agentlink.stream_kinds import (
+    EgressOpened,
+    EgressResult,
     OpenSpec,
     Result,
     Started,
     accept_info,
     close_result,
+    opened,
+    to_accept,
+    to_close,
     to_open,
 )
 from agentic_sandbox.proto import agent_pb2 as pb
@@ -88,7 +95,7 @@ class Chunk(NamedTuple):
     eof: bool
 
 
-Acceptor = Callable[["ServerStream", pb.StreamOpen], Awaitable[None]]
+Acceptor = Callable[["ServerStream", EgressOpened], Awaitable[None]]
 
 
 class ServerStream:
@@ -461,7 +468,8 @@ class LinkStreams:
             return
         kind = msg.WhichOneof("kind") or ""
         acceptor = self.acceptors.get(kind)
-        if acceptor is None:
+        spec = opened(msg)
+        if acceptor is None or spec is None:
             refuse("unsupported", f"the server accepts no {kind or '?'} streams from agents")
             return
         if len(self._streams) >= self.max_streams:
@@ -470,7 +478,7 @@ class LinkStreams:
         stream = ServerStream(self, sid, min(max(msg.window, 0), MAX_WINDOW))
         stream._accept.set_result(pb.StreamAccept(window=self.window))
         self._streams[sid] = stream
-        task = asyncio.ensure_future(acceptor(stream, msg))
+        task = asyncio.ensure_future(acceptor(stream, spec))
         task.add_done_callback(lambda t: self._acceptor_done(stream, t))
 
     def _acceptor_done(self, stream: ServerStream, task: asyncio.Future[None]) -> None:
@@ -478,18 +486,18 @@ class LinkStreams:
             log.warning("agent stream %d failed: %s", stream.id, task.exception())
             stream.cancel("internal", "the server failed to serve the stream")
 
-    def accept(self, stream: ServerStream, info: pb.StreamAccept | None = None) -> None:
+    def accept(self, stream: ServerStream, spec: EgressOpened) -> None:
         """Tell the agent an agent-opened stream is accepted (acceptors call this first)."""
-        accept = info or pb.StreamAccept()
+        accept = to_accept(spec)
         accept.window = self.window
         self._send(pb.StreamFrame(stream_id=stream.id, accept=accept))
 
-    def finish(self, stream: ServerStream, close: pb.StreamClose) -> None:
+    def finish(self, stream: ServerStream, result: EgressResult) -> None:
         """Our close with a result (for agent-opened streams)."""
         if stream.local_closed:
             return
         stream.local_closed = True
-        self._send(pb.StreamFrame(stream_id=stream.id, close=close))
+        self._send(pb.StreamFrame(stream_id=stream.id, close=to_close(result)))
         if stream._close.done():
             self._forget(stream.id)
 

@@ -2,7 +2,7 @@
 provisioning. Others use the component; its services are reached through `keys.py`.
 
 Public face: `FleetComponent`; for the components that act on an instance over its agent
-link (exec, files): `instance_to_change` (the instance if the caller may change it, else the
+link (exec, files, egress): `instance_to_change` (the instance if the caller may change it, else the
 404/403 problem), `instance_to_see` (the instance if the caller may see it, else the 404) and
 `LOADOUTS` (the app key of the loadout catalog, absent without a fleet).
 """

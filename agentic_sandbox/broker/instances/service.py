@@ -34,6 +34,7 @@ from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import EgressPolicy, Fleet, Instance
 from agentic_sandbox.images import BuiltImage
 from agentic_sandbox.provision import ProvisionRequest
+from agentic_sandbox.provision.egress_rules import EgressConfig
 
 Source = Literal["image", "state", "pool"]
 
@@ -64,7 +65,8 @@ class NewInstance:
     cpus: int | None = None
     memory_mib: int | None = None
     disk_gib: int | None = None
-    network: Literal["isolated", "nat"] | None = None
+    network: Literal["isolated", "allowlist", "nat"] | None = None
+    egress: EgressConfig | None = None  # the allowlist; default: the loadout's
     ssh_keys: tuple[str, ...] = ()
     host: str | None = None
     host_labels: dict[str, str] = field(default_factory=dict)
@@ -165,7 +167,11 @@ class InstanceService:
                     disk_gib=new.disk_gib or loadout.resources.disk_gib,
                     network_policy=new.network or loadout.network,
                     # exec budgets are the loadout's as it was at create (inline ones included)
-                    spec={"budgets": loadout.budgets.model_dump(mode="json")},
+                    spec={
+                        "budgets": loadout.budgets.model_dump(mode="json"),
+                        # the allowlist the egress proxy enforces (the admin API replaces it)
+                        "egress": (new.egress or loadout.egress).model_dump(mode="json"),
+                    },
                 )
             )
         self._svc.audit.transition(

@@ -17,6 +17,7 @@ EVENT_TYPE_PREFIXES = (
     "auth.",
     "operation.",
     "stream.",
+    "egress.",
 )
 
 # The optional subject fields of an event, which filters and the log's columns share.

@@ -24,7 +24,6 @@ from ..domain_config import (
 )
 from ..models import (
     AGENT_LINK_ADDRESS,
-    EgressPolicy,
     FirmwareBoot,
     FleetConfig,
     InstanceRecord,
@@ -65,9 +64,10 @@ def netdev_value(net: NetConfig) -> str:
     connections apart within it; see the server's `agentlink/gateway.py`). The user-net host
     alias moves off 10.0.2.2 (to 10.0.2.254) so that address holds the forward only."""
     parts = ["user", f"id={NETDEV_ID}"]
-    if net.egress is EgressPolicy.ISOLATED:
+    if net.egress.restricted:
         # restrict=on: QEMU routes nothing from the guest to the host or beyond, except the
         # explicit forwards below. The guest cannot lift this: it is QEMU's own user-net stack.
+        # `allowlist` is the same here: its tools' traffic rides the agent link to the proxy.
         parts += ["restrict=on", "ipv6=off"]
     parts.append(f"host={ISOLATED_HOST_ALIAS}")
     if net.ssh_port is not None:

@@ -316,3 +316,20 @@ async def test_a_bulk_stream_grants_its_own_window() -> None:
     agent_side = pair.handlers[0].stream
     assert agent_side.room(1) == big  # the agent may send the larger window before credit
     assert stream.window == big
+
+
+class Failing(Producer):
+    def on_data(self, channel: int, data: bytes, eof: bool) -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+
+
+async def test_a_failing_handler_ends_its_stream_never_the_link() -> None:
+    pair = Pair()
+    pair.agent.openers["exec"] = lambda s, m: (Failing(s, 0), pb.StreamAccept())
+    broken, healthy = pair.open(), pair.open()
+    await pair.settle()
+    await broken.write(0, b"boom")
+    await pair.settle()  # the table's receive must not raise into the link's loop
+    close = await broken.closed()
+    assert close.error.code == "internal" and "not connected" in close.error.message
+    assert healthy.failure is None and not healthy.local_closed

@@ -250,3 +250,12 @@ def test_dry_run_preview_records_what_create_records() -> None:
     assert rec is not None
     assert rec.anti_affinity == "web"
     assert rec.restart_on_crash is False
+
+
+def test_allowlist_is_restricted_like_isolated() -> None:
+    """An allowlist guest's tools reach the proxy over the agent link: QEMU still drops
+    everything else (the same netdev as isolated, the same one forward)."""
+    assert netdev_value(NetConfig(EgressPolicy.ALLOWLIST, 8124, 42001)) == netdev_value(
+        NetConfig(EgressPolicy.ISOLATED, 8124, 42001)
+    )
+    assert "restrict=on" in netdev_value(NetConfig(EgressPolicy.ALLOWLIST, 8124, 42001))

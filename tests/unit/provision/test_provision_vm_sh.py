@@ -30,6 +30,13 @@ def test_usage_errors_exit_2_with_a_message(tmp_path: Path) -> None:
         (["vm-1", "--loadout", "nope"], "--loadout 'nope'"),
         (["vm-1", "--from-snapshot", "x"], "INSTANCE/SNAPSHOT"),
         (["vm-1", "--network", "open"], "invalid choice"),
+        (
+            ["vm-1", "--network", "allowlist", "--allow", "x"],
+            "--allow 'x': 'x': expected HOST:PORT",
+        ),
+        (["vm-1", "--network", "allowlist", "--allow", "*x.org:443"], "wildcard"),
+        (["vm-1", "--network", "nat", "--allow", "a.example:443"], "needs --network allowlist"),
+        (["vm-1", "--network", "allowlist", "--allow", "a.example:443"], "needs the server"),
     ):
         res = run(*args, tmp=tmp_path)
         assert res.returncode == 2, (args, res.stderr)

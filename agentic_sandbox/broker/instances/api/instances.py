@@ -20,6 +20,7 @@ from agentic_sandbox.broker.instances.api.models import (
 from agentic_sandbox.broker.instances.api.problems import FleetRoutes
 from agentic_sandbox.broker.instances.keys import INSTANCES
 from agentic_sandbox.broker.instances.service import Action, InstanceFilter, NewInstance
+from agentic_sandbox.provision.egress_rules import EgressConfig
 
 api = FleetRoutes()
 
@@ -48,7 +49,11 @@ class InstanceCreate(Input):
     )
     from_pool: bool = Field(default=False, description="take a restored VM from the warm pool")
     resources: ResourcesIn = ResourcesIn()
-    network: Literal["isolated", "nat"] | None = None
+    network: Literal["isolated", "allowlist", "nat"] | None = None
+    egress: EgressConfig | None = Field(
+        default=None,
+        description="the allowlist and limits (`allowlist`); unset: the loadout's",
+    )
     ssh_keys: list[SshKey] = Field(default_factory=list, max_length=32)
     host: HostName | None = None
     host_labels: dict[Annotated[str, StringConstraints(max_length=63)], str] = Field(
@@ -79,6 +84,7 @@ class InstanceCreate(Input):
             memory_mib=self.resources.memory_mib,
             disk_gib=self.resources.disk_gib,
             network=self.network,
+            egress=self.egress,
             ssh_keys=tuple(self.ssh_keys),
             host=self.host,
             host_labels=dict(self.host_labels),

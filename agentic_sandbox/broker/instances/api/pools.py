@@ -23,7 +23,7 @@ class PoolCreate(Input):
     loadout_version: int | None = Field(
         default=None, ge=1, description="a version of the loadout; default: its active one"
     )
-    network: Literal["isolated", "nat"] | None = None
+    network: Literal["isolated", "allowlist", "nat"] | None = None
     size: int = Field(default=2, ge=0, le=64)
 
 

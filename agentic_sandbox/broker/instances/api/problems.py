@@ -91,7 +91,7 @@ async def instance_to_change(db: Database, who: Principal, instance_id: str) -> 
 
 
 async def instance_to_see(db: Database, who: Principal, instance_id: str) -> m.Instance:
-    """`visible_instance` for routes outside the fleet's own (files): its errors as problems."""
+    """`visible_instance` for routes outside the fleet's own (files, egress), as problems."""
     try:
         return await visible_instance(db, who, instance_id)
     except InstanceError as exc:

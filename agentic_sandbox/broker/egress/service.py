@@ -1,0 +1,245 @@
+"""The egress proxy in the server: per-instance policy, limits, and the record of every attempt.
+
+**Who is asking.** A guest's proxy connections ride its agent link as streams of kind
+`egress` (the agent listens on the guest's loopback for its tools and opens one stream per
+connection). The instance and incarnation are the link's — the ones its mutual-TLS
+certificate names — never anything the guest says: there is no per-connection claim to
+check, and a guest cannot speak for another instance. (A chardev guest forward carries one
+connection at a time, which a proxy cannot share; the link's streams are multiplexed.)
+
+**Policy.** An instance's policy is its row's `network_policy` and its allowlist in
+`spec.egress` (from the loadout and the create request, replaced by the admin API). Only
+`allowlist` instances are served; the answer is cached per incarnation and replaced at once
+by `replace`, so a change applies to the next connection.
+
+**Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
+ok/denied/failed, the verdict and the rest in its detail) and one event, `egress.allowed`
+(when it ends, with bytes and duration), `egress.denied` or `egress.failed`, counted in
+`/metrics`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from agentic_sandbox.broker.egress.limits import InstanceLimits
+from agentic_sandbox.broker.egress.proxy import Opener, Outcome, Pipe, ProxyConnection, open_tcp
+from agentic_sandbox.broker.egress.resolver import HostsFileResolver, Resolver, SystemResolver
+from agentic_sandbox.broker.services import Services
+from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.provision.egress_rules import EgressConfig
+
+log = logging.getLogger(__name__)
+
+VERDICTS = ("allowed", "denied", "failed")
+RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Whose connection this is: from the agent link, never from the guest."""
+
+    instance_id: str
+    incarnation: str
+    owner: str = ""
+    client: str = ""  # the guest-side peer the agent reports (informational only)
+
+
+@dataclass
+class Policy:
+    incarnation: str
+    network: str
+    config: EgressConfig
+
+    @property
+    def effective(self) -> EgressConfig | None:
+        return self.config if self.network == "allowlist" else None
+
+
+def config_of(spec: dict[str, Any] | None) -> EgressConfig:
+    raw = (spec or {}).get("egress")
+    return EgressConfig.model_validate(raw) if isinstance(raw, dict) else EgressConfig()
+
+
+class EgressService:
+    def __init__(
+        self,
+        svc: Services,
+        *,
+        resolver: Resolver | None = None,
+        opener: Opener = open_tcp,
+    ) -> None:
+        self.svc = svc
+        hosts = svc.settings.egress_hosts_file
+        self.resolver: Resolver = resolver or (
+            HostsFileResolver(hosts) if hosts is not None else SystemResolver()
+        )
+        self._open = opener
+        self._policies: dict[str, Policy] = {}
+        self._limits: dict[tuple[str, str], InstanceLimits] = {}
+        self.connections: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
+        self.bytes: Counter[str] = Counter()  # up, down
+        self._runs: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+        svc.metrics.provide_counter(
+            "sandbox_egress_connections",
+            "Egress proxy connection attempts by verdict and reason",
+            ("verdict", "reason"),
+            lambda: {k: float(v) for k, v in self.connections.items()},
+        )
+        svc.metrics.provide_counter(
+            "sandbox_egress_bytes",
+            "Bytes through the egress proxy, by direction as the guest sees it (up: sent)",
+            ("direction",),
+            lambda: {(k,): float(v) for k, v in self.bytes.items()},
+        )
+        svc.metrics.provide(
+            "sandbox_egress_active_connections",
+            "Egress proxy connections open now",
+            (),
+            lambda: {(): float(sum(lim.active for lim in self._limits.values()))},
+        )
+
+    # ---- policy -------------------------------------------------------------------------------
+    async def policy(self, instance_id: str, incarnation: str) -> Policy | None:
+        cached = self._policies.get(instance_id)
+        if cached is not None and cached.incarnation == incarnation:
+            return cached
+        async with self.svc.db.session() as s:
+            row = await s.get(m.Instance, instance_id)
+        if row is None or row.deleted_at is not None or row.incarnation != incarnation:
+            return None
+        try:
+            config = config_of(row.spec)
+        except ValueError as exc:
+            log.warning("instance %s has an unusable egress allowlist: %s", instance_id, exc)
+            config = EgressConfig()
+        policy = Policy(row.incarnation, row.network_policy, config)
+        self._policies[instance_id] = policy
+        return policy
+
+    def replace(
+        self, instance_id: str, incarnation: str, network: str, config: EgressConfig
+    ) -> None:
+        """The instance's new policy, effective for its next connection."""
+        self._policies[instance_id] = Policy(incarnation, network, config)
+        lim = self._limits.get((instance_id, incarnation))
+        if lim is not None:
+            lim.configure(config.limits.max_connections, config.limits.bandwidth_bytes_per_second)
+
+    def end_incarnation(self, instance_id: str, incarnation: str) -> None:
+        cached = self._policies.get(instance_id)
+        if cached is not None and cached.incarnation == incarnation:
+            del self._policies[instance_id]
+        self._limits.pop((instance_id, incarnation), None)
+        self._runs.pop((instance_id, incarnation), None)
+
+    def _limits_for(self, who: Requester, config: EgressConfig | None) -> InstanceLimits:
+        key = (who.instance_id, who.incarnation)
+        lim = self._limits.get(key)
+        if lim is None:
+            limits = config.limits if config is not None else EgressConfig().limits
+            lim = self._limits[key] = InstanceLimits(
+                limits.max_connections, limits.bandwidth_bytes_per_second
+            )
+        return lim
+
+    async def current_run(self, who: Requester) -> tuple[str, str] | None:
+        """(task id, run id) of the task running on the instance now, if one is."""
+        key = (who.instance_id, who.incarnation)
+        now = time.monotonic()
+        cached = self._runs.get(key)
+        if cached is not None and now - cached[0] < RUN_CACHE_SECONDS:
+            return cached[1]
+        async with self.svc.db.session() as s:
+            row = (
+                await s.execute(
+                    select(m.Task.id, m.Run.id)
+                    .join(m.Run, m.Run.task_id == m.Task.id)
+                    .where(
+                        m.Task.instance_id == who.instance_id,
+                        m.Task.incarnation == who.incarnation,
+                        m.Run.state == "running",
+                    )
+                    .order_by(m.Run.started_at.desc())
+                    .limit(1)
+                )
+            ).first()
+        found = (str(row[0]), str(row[1])) if row is not None else None
+        if len(self._runs) > 10_000:
+            self._runs.clear()
+        self._runs[key] = (now, found)
+        return found
+
+    # ---- one connection -----------------------------------------------------------------------
+    async def serve(self, pipe: Pipe, who: Requester) -> Outcome:
+        """Proxy one guest connection and record it."""
+        run = await self.current_run(who)
+        policy = await self.policy(who.instance_id, who.incarnation)
+        config = policy.effective if policy is not None else None
+        limits = self._limits_for(who, config)
+
+        def current() -> EgressConfig | None:
+            live = self._policies.get(who.instance_id)
+            if live is None or live.incarnation != who.incarnation:
+                return None
+            return live.effective
+
+        conn = ProxyConnection(
+            pipe, config=current, resolver=self.resolver, limits=limits, opener=self._open
+        )
+        try:
+            return await conn.run()
+        except Exception as exc:
+            if not conn.outcome.detail:
+                conn.outcome.detail = f"the guest's side ended: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.record(who, conn.outcome, run)
+
+    def record(self, who: Requester, out: Outcome, run: tuple[str, str] | None = None) -> None:
+        verdict = out.verdict if out.verdict in VERDICTS else "failed"
+        self.connections[(verdict, out.reason or "ok")] += 1
+        self.bytes["up"] += out.bytes_up
+        self.bytes["down"] += out.bytes_down
+        detail: dict[str, Any] = {
+            "incarnation": who.incarnation,
+            "kind": out.kind,
+            "method": out.method,
+            "host": out.host[:253],
+            "port": out.port,
+            "address": out.address,
+            "verdict": verdict,
+            "reason": out.reason,
+            "status": out.status,
+            "bytes_up": out.bytes_up,
+            "bytes_down": out.bytes_down,
+            "duration_ms": round(out.duration * 1000, 3),
+        }
+        if run is not None:
+            detail["task_id"], detail["run_id"] = run
+        if out.detail:
+            detail["detail"] = out.detail[:500]
+        target = f"{out.host[:200]}:{out.port}" if out.host else who.instance_id
+        self.svc.audit.record(
+            f"agent:{who.instance_id}",
+            "egress.connect",
+            "instance",
+            who.instance_id,
+            outcome="ok" if verdict == "allowed" else verdict,
+            cause=f"{target}: {out.reason or 'ok'}",
+            detail=detail,
+        )
+        self.svc.events.publish(
+            f"egress.{verdict}",
+            actor=f"agent:{who.instance_id}",
+            instance_id=who.instance_id,
+            owner=who.owner or None,
+            task_id=run[0] if run is not None else None,
+            data=detail,
+        )
