@@ -45,7 +45,7 @@ from agentic_sandbox.broker.sessions.hub import SessionHub
 from agentic_sandbox.broker.sessions.ring import unpack_frame
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.proto import agent_pb2 as pb
-from tests.inproc import Running, make_settings, start_server
+from tests.support.inproc_server import Running, make_settings, start_server
 
 
 async def until(pred: Callable[[], object], what: str, timeout: float = 5.0) -> None:

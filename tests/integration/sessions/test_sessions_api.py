@@ -9,10 +9,10 @@ import time
 import pytest
 from openapi_spec_validator import validate
 
-from tests.integration.sessions.helpers import SHELL, create_session, events, metric, wait_state
 from tests.support.fixtures import AgentFactory, unique_id
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import SHELL, create_session, events, metric, wait_state
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,10 +11,10 @@ import time
 import aiohttp
 import pytest
 
-from tests.integration.sessions.helpers import SHELL, create_session, events, wait_state
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import SHELL, create_session, events, wait_state
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from agentic_sandbox.broker.observability.events import EventFilter
-from tests.inproc import free_port
+from tests.support.inproc_server import free_port
 from tests.unit.a2a.conftest import Agent
 
 V = {"A2A-Version": "1.0"}
