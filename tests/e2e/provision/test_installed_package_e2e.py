@@ -47,6 +47,7 @@ from tests.support.e2e import (
     listing,
     provision,
     require_real_libvirt,
+    wait_agent,
     wait_op,
 )
 from tests.support.server import ROOT, ServerProcess
@@ -258,17 +259,6 @@ def test_with_every_extra_installed_the_console_script_provisions_a_guest_that_e
     )
     agent = installed.server.ok("GET", f"/api/v2/admin/agents/{GUEST}")
     assert agent["state"] == "connected", agent
-
-
-def wait_agent(srv: ServerProcess, instance: str, timeout: float = 120) -> None:
-    """Until the instance's agent is connected (after a memory snapshot it reconnects)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status, agent = srv.api("GET", f"/api/v2/admin/agents/{instance}")
-        if status == 200 and agent.get("state") == "connected":
-            return
-        assert time.monotonic() < deadline, f"agent of {instance}: {agent}"
-        time.sleep(0.5)
 
 
 def clone(srv: ServerProcess, source: str, snapshot: str, new: str) -> None:

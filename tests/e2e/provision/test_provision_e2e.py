@@ -30,6 +30,7 @@ from tests.support.e2e import (
     forget_pools,
     libvirt_server,
     provision,
+    wait_agent,
     wait_op,
 )
 from tests.support.ptyclient import PtyClient
@@ -153,17 +154,6 @@ def test_a2a_task_runs_in_the_guest(server: ServerProcess, cold: str) -> None:
     text = json.dumps(result)
     assert "TASK_STATE_COMPLETED" in text, text[:2000]
     assert f"user=agent host={COLD}" in text and "cloud-amd64" in text, text[:2000]
-
-
-def wait_agent(server: ServerProcess, instance: str, timeout: float = 90) -> float:
-    """Seconds until the instance's agent is connected (after a restore it reconnects)."""
-    started = time.monotonic()
-    while True:
-        status, agent = server.api("GET", f"/api/v2/admin/agents/{instance}")
-        if status == 200 and agent.get("state") == "connected":
-            return time.monotonic() - started
-        assert time.monotonic() - started < timeout, f"agent of {instance}: {agent}"
-        time.sleep(0.5)
 
 
 def guest_identity(server: ServerProcess, instance: str) -> dict[str, str]:
