@@ -45,7 +45,8 @@ CLONE = "e2e-clone"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    with libvirt_server("sbx-e2e-") as srv:
+    # a shared 2-core machine under load boots TCG guests several times slower than alone
+    with libvirt_server("sbx-e2e-", SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="900") as srv:
         try:
             yield srv
         finally:
@@ -69,7 +70,7 @@ def image(server: ServerProcess) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cold_op(server: ServerProcess, image: dict[str, Any]) -> dict[str, Any]:
     """The cold provision of COLD (once per module): its finished operation."""
-    op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"})
+    op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"}, timeout=1000)
     assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     return op
 
