@@ -22,7 +22,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class SkillSpec(BaseModel):
     """One skill: what the AgentCard lists and, with `command`, the argv that replaces the
-    runner's. Stored records are read leniently (unknown keys ignored); `strict()` is the
+    runner's. Stored records are read leniently (unknown keys ignored); `SkillDeclaration` is the
     request form, where an unknown key is an error."""
 
     model_config = ConfigDict(extra="ignore")
