@@ -36,7 +36,7 @@ from tests.support.e2e import (
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]  # a cold TCG boot on a loaded machine
 
 ROOT = Path(__file__).resolve().parents[3]
 COLD = "e2e-cold"
