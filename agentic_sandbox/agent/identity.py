@@ -21,10 +21,11 @@ import secrets
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -179,15 +180,39 @@ def refresh_ssh_host_keys() -> None:
     log.info("SSH host keys regenerated")
 
 
-def step_clock(server_time: float, tolerance: float = 2.0) -> bool:
+class Clock(Protocol):
+    """The realtime clock `step_clock` reads and sets (tests drive it without root)."""
+
+    def now(self) -> float: ...
+
+    def may_set(self) -> bool: ...
+
+    def set(self, unix_time: float) -> None: ...
+
+
+class SystemClock:
+    """The machine's CLOCK_REALTIME; only root may set it."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def may_set(self) -> bool:
+        return os.geteuid() == 0
+
+    def set(self, unix_time: float) -> None:
+        time.clock_settime(time.CLOCK_REALTIME, unix_time)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+def step_clock(server_time: float, tolerance: float = 2.0, clock: Clock = SYSTEM_CLOCK) -> bool:
     """Set the clock to the server's when it is off by more than `tolerance` seconds (a restored
     guest's clock lags by the time it spent saved). Root only; returns whether it stepped."""
-    import time
-
-    if os.geteuid() != 0 or abs(time.time() - server_time) <= tolerance:
+    if not clock.may_set() or abs(clock.now() - server_time) <= tolerance:
         return False
     try:
-        time.clock_settime(time.CLOCK_REALTIME, server_time)
+        clock.set(server_time)
     except OSError as exc:
         log.warning("cannot set the clock: %s", exc)
         return False

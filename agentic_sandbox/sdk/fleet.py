@@ -284,9 +284,24 @@ class AsyncInstances(Resource):
             delay = min(delay * 1.5, 1.0)
 
     # ---- agents on the control host (development, tests) ------------------------------------
-    async def register_host(self, instance_id: str, *, description: str = "") -> HostInstance:
-        """An instance record for an agent-client that runs on the control host."""
-        body = {"instance_id": instance_id, "description": description}
+    async def register_host(
+        self,
+        instance_id: str,
+        *,
+        description: str = "",
+        skills: Sequence[Mapping[str, Any]] | None = None,
+        task_runner: Mapping[str, Any] | None = None,
+        budgets: Mapping[str, Any] | None = None,
+    ) -> HostInstance:
+        """An instance record for an agent-client that runs on the control host, with what a
+        loadout would give it: A2A `skills`, the `task_runner`, exec `budgets` (docs/a2a.md)."""
+        body: dict[str, Any] = {"instance_id": instance_id, "description": description}
+        if skills is not None:
+            body["skills"] = [dict(s) for s in skills]
+        if task_runner is not None:
+            body["task_runner"] = dict(task_runner)
+        if budgets is not None:
+            body["budgets"] = dict(budgets)
         return await self._t.model(
             HostInstance, "POST", f"{ADMIN}/agents/host-instances", json_body=body
         )

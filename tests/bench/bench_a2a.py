@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 from a2a.types import a2a_pb2 as pb  # noqa: E402
 
-from tests.integration.a2a.harness import AgentProc, ServerProc  # noqa: E402
-from tests.unit.a2a.sdk_client import a2a_client, send_request, text_message  # noqa: E402
+from tests.support.a2a_sdk_client import a2a_client, send_request, text_message  # noqa: E402
+from tests.support.async_processes import AgentProc, ServerProc  # noqa: E402
 
 INSTANCE = "bench-1"
 COMMAND = ["bash", "-lc", "true"]
@@ -141,16 +141,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         owner = await server.token("bench")
-        await agent.enroll_and_start(owner)
-        key = await server.api_key(INSTANCE, ["a2a:read", "a2a:invoke"], owner)
         # Both paths run `bash -lc true` with HOME in the bench's directory: a login shell must
         # not run the machine user's own profile (pyenv, cargo …), which would dwarf the rest.
         home = tmp / "home"
         home.mkdir()
         env = {"HOME": str(home)}
-        server.set_instance_spec(
-            INSTANCE, task_runner={"argv": [*COMMAND[:2], "{text}"], "env": env}
+        await agent.enroll_and_start(
+            owner, task_runner={"argv": [*COMMAND[:2], "{text}"], "env": env}
         )
+        key = await server.api_key(INSTANCE, ["a2a:read", "a2a:invoke"], owner)
         watcher = ExitWatcher(server)
         watcher.task = asyncio.ensure_future(watcher.run())
         await asyncio.wait_for(watcher.ready.wait(), 10)

@@ -37,11 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 import libvirt  # noqa: E402
-from fleet_support import tiny_guest  # noqa: E402
-from fleet_support.daemons import MAIN_URI, ensure_main_libvirtd  # noqa: E402
 
 from agentic_sandbox.fleet import (  # noqa: E402
     CloneSpec,
@@ -56,6 +53,8 @@ from agentic_sandbox.fleet import (  # noqa: E402
 )
 from agentic_sandbox.fleet.domain_config import DomainConfig, KernelPaths, NetConfig  # noqa: E402
 from agentic_sandbox.fleet.libvirt.domain_xml import build_domain_xml  # noqa: E402
+from tests.support import tiny_guest  # noqa: E402
+from tests.support.libvirt_daemons import MAIN_URI, ensure_main_libvirtd  # noqa: E402
 
 TICK = re.compile(rb"SBX-(TICK \d+|BOOT-MARKER)")
 TARGETS = {

@@ -543,7 +543,7 @@ async def bench_stalled(server: ServerProcess, instance: str, n: int) -> None:
     """Two identical sessions, A with a never-reading observer attached, B without; after a
     flood has filled the stalled observer's socket (its writer is blocked), keystroke rounds
     alternate between A's and B's controller so background load hits both alike."""
-    from tests.integration.sessions.helpers import RawWebSocket
+    from tests.support.sessions import RawWebSocket
 
     flood = 32 * 1024 * 1024
     cmd = [

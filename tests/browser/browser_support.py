@@ -12,8 +12,6 @@ Opt out only explicitly: SANDBOX_SKIP_TIERS=browser (documented in the README).
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -107,22 +105,9 @@ def screenshot(page: Any, name: str) -> Path:
     return path
 
 
-def plain_task_runner(data_dir: Path, instance_id: str) -> None:
-    """Run the instance's tasks with `bash -c` (no login shell): a login shell on the host
-    would read the machine user's profile (slow, or hanging on some machines). Written into the
-    instance record as tests/integration/a2a does; the server reads it again within 2 s."""
-    db = sqlite3.connect(data_dir / "sandbox.db", timeout=10)
-    try:
-        row = db.execute("SELECT spec FROM instances WHERE id = ?", (instance_id,)).fetchone()
-        spec = {
-            **json.loads(row[0]),
-            "task_runner": {"argv": ["bash", "--norc", "--noprofile", "-c", "{text}"]},
-        }
-        db.execute(
-            "UPDATE instances SET spec = ?, version = version + 1 WHERE id = ?",
-            (json.dumps(spec), instance_id),
-        )
-        db.commit()
-    finally:
-        db.close()
-    time.sleep(2.5)
+# Tasks run with `bash -c` (no login shell): a login shell on the host would read the machine
+# user's profile (slow, or hanging on some machines). Declared when the host instance is
+# registered (`start_agent(..., profile=PLAIN_TASK_RUNNER)`), as a user would.
+PLAIN_TASK_RUNNER: dict[str, object] = {
+    "task_runner": {"argv": ["bash", "--norc", "--noprofile", "-c", "{text}"]}
+}

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from tests.browser.browser_support import (
+    PLAIN_TASK_RUNNER,
     PageErrors,
     assert_csp_in_force,
     launch,
     login,
-    plain_task_runner,
     require_browser,
     screenshot,
     wait_xterm_text,
@@ -50,8 +50,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProc
     server = ServerProcess(tmp / "server", env=dict(TEST_SERVER_ENV)).start()
     agent = None
     try:
-        agent = start_agent(server, INSTANCE, tmp)
-        plain_task_runner(server.data_dir, INSTANCE)
+        agent = start_agent(server, INSTANCE, tmp, profile=PLAIN_TASK_RUNNER)
         yield server, agent
     finally:
         if agent is not None:

@@ -25,10 +25,10 @@ from tests.browser.browser_support import (
     require_browser,
     screenshot,
 )
-from tests.fleet_support.testdriver import node_uri
+from tests.support.fake_images import publish_fake
 from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
-from tests.unit.images.images_fakes import publish_fake
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 

@@ -19,8 +19,8 @@ from tests.browser.browser_support import (
     require_browser,
     screenshot,
 )
-from tests.fleet_support.testdriver import node_uri
 from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]

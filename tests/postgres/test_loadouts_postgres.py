@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from agentic_sandbox.broker.instances import FleetComponent
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import make_settings, start_server
+from tests.support.inproc_server import make_settings, start_server
+from tests.support.libvirt_testdriver import node_uri
 
 LOADOUTS = "/api/v2/admin/loadouts"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentic_sandbox.broker.store import Database
-from tests.inproc import make_settings, start_server
 from tests.integration.foundation.test_migrations import check_models_match, check_up_down
+from tests.support.inproc_server import make_settings, start_server
 
 
 async def test_postgres_up_and_down(pg_url: str) -> None:

@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 from agentic_sandbox.broker.tasks import TaskFilter, TaskState
+from tests.support.fake_sessions import FakeSessions
 from tests.unit.a2a.conftest import ALICE, running_env, settings_for
-from tests.unit.a2a.fakes import FakeSessions
 
 S = TaskState
 

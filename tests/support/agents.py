@@ -21,12 +21,14 @@ from tests.support.server import ROOT, ServerProcess
 
 
 def register_host_instance(
-    server: ServerProcess, instance_id: str, *, token: str | None = None
+    server: ServerProcess, instance_id: str, *, token: str | None = None, **profile: object
 ) -> dict[str, object]:
+    """Register a host instance through the API; `profile` is what the registration may
+    declare (`skills`, `task_runner`, `budgets`), as a user would."""
     out: dict[str, object] = server.ok(
         "POST",
         "/api/v2/admin/agents/host-instances",
-        {"instance_id": instance_id, "description": "test agent"},
+        {"instance_id": instance_id, "description": "test agent", **profile},
         token=token,
     )
     return out
@@ -187,10 +189,12 @@ def start_agent(
     register: bool = True,
     extra_args: list[str] | None = None,
     wait: bool = True,
+    profile: dict[str, object] | None = None,
 ) -> AgentProcess:
-    """Register a host instance, make an enrollment token, start and wait for the agent."""
+    """Register a host instance (declaring `profile`: skills, task runner, budgets), make an
+    enrollment token, start and wait for the agent."""
     if register:
-        register_host_instance(server, instance_id)
+        register_host_instance(server, instance_id, **(profile or {}))
     token = enrollment_token(server, instance_id)
     agent = AgentProcess(
         server,

@@ -99,6 +99,17 @@ def wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str,
     return op
 
 
+def wait_agent(srv: ServerProcess, instance: str, timeout: float = 120) -> float:
+    """Seconds until the instance's agent is connected (after a restore it reconnects)."""
+    started = time.monotonic()
+    while True:
+        status, agent = srv.api("GET", f"/api/v2/admin/agents/{instance}")
+        if status == 200 and agent.get("state") == "connected":
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout, f"agent of {instance}: {agent}"
+        time.sleep(0.5)
+
+
 def provision(srv: ServerProcess, body: dict[str, Any], timeout: float = 420) -> dict[str, Any]:
     status, op = srv.api("POST", "/api/v2/admin/instances", body)
     assert status == 202, op

@@ -1,8 +1,6 @@
 """Reusable pytest fixtures: a real server subprocess and real agent-client processes.
 
-Use from a conftest.py:
-
-    from tests.support.fixtures import agent_factory, sandbox_server, server_factory  # noqa: F401
+Registered for every tier by `tests/conftest.py` (`pytest_plugins`).
 
 - `server_factory(**env)` starts a `ServerProcess` (stopped at teardown, log tail shown on
   failure); `sandbox_server` is one per test module with test-friendly settings.

@@ -18,7 +18,7 @@ import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,15 +45,8 @@ from agentic_sandbox.broker.sessions.hub import SessionHub
 from agentic_sandbox.broker.sessions.ring import unpack_frame
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.proto import agent_pb2 as pb
-from tests.inproc import Running, make_settings, start_server
-
-
-async def until(pred: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.01)
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.polling import until as until  # re-exported: hub tests import it here
 
 
 def principal(subject: str, role: Role = Role.operator) -> Principal:

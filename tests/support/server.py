@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -233,18 +232,3 @@ class ServerProcess:
     def make_token(self, subject: str, role: str) -> str:
         out = self.ok("POST", "/api/v2/admin/tokens", {"subject": subject, "role": role})
         return str(out["token"])
-
-    def set_instance_spec(self, instance_id: str, **spec: Any) -> None:
-        """Put skills / a task runner on an instance record (until loadouts carry them; the
-        server reads the record again within two seconds). SQLite only."""
-        db = sqlite3.connect(self.data_dir / "sandbox.db", timeout=10)
-        try:
-            row = db.execute("SELECT spec FROM instances WHERE id = ?", (instance_id,)).fetchone()
-            merged = {**json.loads(row[0]), **spec}
-            db.execute(
-                "UPDATE instances SET spec = ?, version = version + 1 WHERE id = ?",
-                (json.dumps(merged), instance_id),
-            )
-            db.commit()
-        finally:
-            db.close()

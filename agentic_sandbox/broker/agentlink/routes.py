@@ -3,6 +3,9 @@
 `POST /api/v2/admin/agents/host-instances` registers an instance record for an agent-client
 that runs on the control host itself (development, tests, bare-metal workers): there is no VM
 behind it. Instances backed by VMs are created by the fleet's `POST /api/v2/admin/instances`.
+With no loadout behind a host instance, the request itself may declare what a loadout would
+give: its A2A skills, its task runner and its exec budgets (validated here, stored on the record,
+read by the task and exec layers exactly as they read a loadout's).
 """
 
 from __future__ import annotations
@@ -11,9 +14,15 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from pydantic import Field
+from pydantic import Field, field_validator
 from sqlalchemy import select
 
+from agentic_sandbox.broker.agent_profile import (
+    RunnerDeclaration,
+    SkillDeclaration,
+    stored_profile,
+    unique_skill_ids,
+)
 from agentic_sandbox.broker.agentlink.enrollment import EnrollmentRefused
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.http.problems import ProblemError, not_found
@@ -21,6 +30,7 @@ from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.provision import Budgets
 
 if TYPE_CHECKING:
     from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
@@ -48,6 +58,19 @@ async def _visible_instance(request: web.Request, who: Principal, instance_id: s
 class HostInstanceCreate(Input):
     instance_id: InstanceId
     description: str = Field(default="", max_length=256)
+    skills: list[SkillDeclaration] | None = Field(
+        default=None,
+        max_length=100,
+        description="A2A skills beside the built-in `shell` (docs/a2a.md); ids unique",
+    )
+    task_runner: RunnerDeclaration | None = Field(
+        default=None, description="how a task's text runs (default `bash -lc {text}`)"
+    )
+    budgets: Budgets | None = Field(
+        default=None, description="exec budgets: defaults and ceilings, as a loadout's"
+    )
+
+    _unique_skills = field_validator("skills")(unique_skill_ids)
 
 
 class HostInstance(Output):
@@ -94,7 +117,7 @@ async def create_host_instance(call: Call[HostInstanceCreate, NoQuery]) -> HostI
             host=None,
             state="running",
             agent_state="absent",
-            spec={"kind": HOST_AGENT_KIND, "description": body.description},
+            spec=_host_spec(body),
         )
         s.add(row)
     svc.audit.record(
@@ -117,6 +140,14 @@ async def create_host_instance(call: Call[HostInstanceCreate, NoQuery]) -> HostI
         description=body.description,
         created_at=row.created_at,
     )
+
+
+def _host_spec(body: HostInstanceCreate) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": HOST_AGENT_KIND, "description": body.description}
+    spec.update(stored_profile(body.skills, body.task_runner))
+    if body.budgets is not None:
+        spec["budgets"] = body.budgets.model_dump(mode="json")
+    return spec
 
 
 # ---- enrollment tokens ------------------------------------------------------------------

@@ -319,6 +319,19 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.ServerMessage]:
+        # Why the steps run in this order:
+        # - The identity comes from the verified client certificate, never from the agent's
+        #   words: `register.instance_id` may only repeat it, a different one is refused.
+        # - `register` must come first and within REGISTER_TIMEOUT, so a peer that connects and
+        #   says nothing cannot hold a stream (and a registry slot) open.
+        # - Everything the agent reports is cut to a bound before it is stored: it is untrusted
+        #   input that ends up in the database, the API and the logs.
+        # - The connection joins the registry (displacing an older one of the same instance)
+        #   before reconciliation, so sessions reconciled against this link are routed to it;
+        #   the reader starts only after the register answer, so no agent message is handled
+        #   before the agent knows the server's view.
+        # - Teardown is close, stop the reader, tell the handler, and detach last — in a
+        #   `finally`, so a cancelled stream still reaches the handler's `on_disconnect`.
         ident = await self._identity(context, "connect")
         peer = context.peer()
         first: pb.AgentMessage | None

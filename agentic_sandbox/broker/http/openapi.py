@@ -60,6 +60,16 @@ def _problem(desc: str) -> dict[str, Any]:
 def build_openapi(
     specs: list[RouteSpec], *, title: str, version: str, server_url: str
 ) -> dict[str, Any]:
+    # Why it is built this way:
+    # - Every schema comes from the same pydantic models the router validates with (one
+    #   `models_json_schema` call over all of them, so shared sub-models get one `$ref` name
+    #   and never two diverging copies): the document cannot drift from what is enforced.
+    # - The error responses are derived from what the route declares, in the order the
+    #   router checks them (parse 400/422/413/415, then auth 401/403/429, then 404 for a
+    #   path id), because each one is something the plumbing really answers for that route;
+    #   a route's own `responses` only add to them (`setdefault`) and never hide one.
+    # - Paths and schemas are sorted so the document is byte-stable: a diff of it in review
+    #   shows API changes, not dict order.
     models: set[type[BaseModel]] = set()
     for spec in specs:
         for m in (spec.body, spec.response, spec.query):

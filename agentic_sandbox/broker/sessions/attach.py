@@ -100,6 +100,17 @@ def _same_origin(request: web.Request) -> bool:
     },
 )
 async def attach_session(call: Call[NoBody, AttachQuery]) -> web.StreamResponse:
+    # Why the steps run in this order:
+    # - Visibility before anything that differs per session: a stranger gets the same 404 for
+    #   a live session, an ended one and one that never existed (ids leak nothing).
+    # - Every refusal (origin, upgrade, subprotocol, observer cap) is a problem+json answer
+    #   *before* `ws.prepare`: after the 101 only a close code can say what went wrong.
+    # - The cookie origin check guards against cross-site WebSocket hijacking: a browser sends
+    #   the cookie to any page's socket, a bearer token it never sends on its own.
+    # - The stream lease is taken before the client joins, and its revoke hook detaches the
+    #   client synchronously, so no input sent after a revocation reaches the PTY.
+    # - The writer task starts only after the hook is set; teardown detaches first (the hub
+    #   stops routing output to it), then stops the writer, then releases the lease.
     request = call.request
     svc = services(request)
     who = call.require_principal()

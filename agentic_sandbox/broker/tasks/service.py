@@ -375,6 +375,21 @@ class TaskService:
         IdempotencyConflict, TaskNotFound, TaskNotWaiting, InvalidTaskInput,
         UnsupportedContent, and QuotaExceeded when `refuse_over_quota` (v1: HTTP 429).
         """
+        # Why the steps run in this order:
+        # 1. Parse and check the message before anything else: malformed input is an error
+        #    answer (4xx), not a task, so a typo never costs a row, a slot or an event.
+        # 2. A follow-up (`taskId`) or a replayed messageId is settled before the instance is
+        #    looked up: a retry must get the same answer even if the instance changed since.
+        # 3. Skill, input and agent checks *reject* the task rather than raise: the caller gets
+        #    a task id it can look up, as A2A wants for input the agent could not run.
+        # 4. The quota slot is reserved before the row is written and released on every path
+        #    that does not run (insert failed, duplicate messageId): a reservation that leaks
+        #    would block the caller's later tasks for good.
+        # 5. The row, the idempotency key and the run claim are one write (`machine.create`),
+        #    so two servers racing for one messageId or one slot cannot both win.
+        # 6. Push config is stored before any transition, so the first state change already
+        #    notifies; only then is the run started (or queued when another server holds the
+        #    slot).
         inp = message_input(message, request_metadata)
         message_id = str(message.get("messageId") or "")
         if not message_id:

@@ -20,54 +20,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
+
+from agentic_sandbox.broker.agent_profile import RunnerSpec, SkillSpec
 
 SHELL_SKILL_ID = "shell"
-DEFAULT_ARGV = ("bash", "-lc", "{text}")
 _PLACEHOLDER = re.compile(r"\{(text|data|skill|task_id|context_id)\}")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV_TEXT = 32 * 1024
-
-
-class SkillSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    name: str = Field(min_length=1, max_length=200)
-    description: str = Field(min_length=1, max_length=4000)
-    tags: list[str] = Field(default_factory=list)
-    examples: list[str] = Field(default_factory=list)
-    input_schema: dict[str, Any] | None = None
-    command: list[str] | None = Field(default=None, min_length=1)
-
-    @field_validator("input_schema")
-    @classmethod
-    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
-            try:
-                validator_for(value).check_schema(value)
-            except SchemaError as exc:
-                raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
-        return value
-
-
-class RunnerSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    argv: list[str] = Field(default_factory=lambda: list(DEFAULT_ARGV), min_length=1)
-    user: str | None = Field(default=None, max_length=64)
-    cwd: str | None = Field(default=None, max_length=4096)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"invalid environment variable name {key!r}")
-        return value
 
 
 SHELL_SKILL = SkillSpec(

@@ -8,20 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from fleet_support import tiny_guest
-from fleet_support.daemons import MAIN_URI, DaemonUnavailable, ensure_main_libvirtd
-from fleet_support.real_env import RealEnv, purge_domains
-
 from agentic_sandbox.fleet import Fleet, FleetConfig, FleetError, FleetEvent, HostSpec
+from tests.support import tiny_guest
+from tests.support.fleet_real_env import RealEnv, purge_domains
+from tests.support.libvirt_daemons import MAIN_URI, DaemonUnavailable, ensure_main_libvirtd
 
 pytestmark = pytest.mark.libvirt_real
 

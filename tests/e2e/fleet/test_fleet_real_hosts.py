@@ -7,10 +7,10 @@ import time
 
 import libvirt
 import pytest
-from fleet_support.daemons import MAIN_URI, PrivateLibvirtd, restart_main_libvirtd
-from fleet_support.real_env import RealEnv, domains_under, wait_log
 
 from agentic_sandbox.fleet import HostSpec, InstanceState
+from tests.support.fleet_real_env import RealEnv, domains_under, wait_log
+from tests.support.libvirt_daemons import MAIN_URI, PrivateLibvirtd, restart_main_libvirtd
 
 pytestmark = pytest.mark.libvirt_real
 

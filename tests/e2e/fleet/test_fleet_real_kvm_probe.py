@@ -17,12 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet_support.daemons import MAIN_URI, ensure_main_libvirtd
-from fleet_support.real_env import purge_domains
-
 from agentic_sandbox.fleet import Fleet, FleetConfig, HostSpec
 from agentic_sandbox.fleet.libvirt import host as fleet_connection
 from agentic_sandbox.fleet.models import Accel
+from tests.support.fleet_real_env import purge_domains
+from tests.support.libvirt_daemons import MAIN_URI, ensure_main_libvirtd
 
 
 async def open_host(data: Path) -> Fleet:

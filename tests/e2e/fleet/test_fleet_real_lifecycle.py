@@ -9,10 +9,10 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from fleet_support.daemons import MAIN_URI
-from fleet_support.real_env import RealEnv, domains_under, port_listening, ticks, wait_log
 
 from agentic_sandbox.fleet import CloneSpec, InstanceState, probe_kvm
+from tests.support.fleet_real_env import RealEnv, domains_under, port_listening, ticks, wait_log
+from tests.support.libvirt_daemons import MAIN_URI
 
 pytestmark = pytest.mark.libvirt_real
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from fleet_support.real_env import RealEnv, wait_log
 
 from agentic_sandbox.fleet import EgressPolicy
+from tests.support.fleet_real_env import RealEnv, wait_log
 
 pytestmark = pytest.mark.libvirt_real
 

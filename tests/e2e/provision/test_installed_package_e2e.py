@@ -13,8 +13,10 @@
 * an agent that dies at start (the installed agent's `main()` broken in a way no import check
   sees) fails the provision at once, with the traceback's last lines as the cause.
 
-One server data directory for the module; the tests run in order and share the first guest
-(one cold boot for it, one for the crash; everything else is restored from memory).
+One server data directory for the module. What a test needs (the running server, the first
+guest with its memory snapshot, the image) is a module fixture, so each test runs alone as
+well as in the module, where they share the first guest (one cold boot for it, one for the
+crash; everything else is restored from memory).
 Instance ids start with `$SANDBOX_TEST_NAME_PREFIX` (default `e2e-`).
 """
 
@@ -45,6 +47,7 @@ from tests.support.e2e import (
     listing,
     provision,
     require_real_libvirt,
+    wait_agent,
     wait_op,
 )
 from tests.support.server import ROOT, ServerProcess
@@ -167,6 +170,46 @@ def installed() -> Iterator[Installed]:
         assert leftovers == [], f"domains left behind: {leftovers}"
 
 
+@pytest.fixture(scope="module")
+def started(installed: Installed) -> Installed:
+    """The installed server running, and the data directory's listing before any guest."""
+    installed.server.start().wait_ready()
+    installed.listings["start"] = listing(installed.data)
+    return installed
+
+
+@pytest.fixture(scope="module")
+def guest(started: Installed) -> Installed:
+    """With every extra installed (the test lock) and the server restarted on them: the first
+    guest, created by that environment's `sandboxctl`, with a memory snapshot `s0`; the
+    listing with it (`listings["guest"]`)."""
+    installed = started
+    installed.server.stop()
+    installed.pip_install(
+        "--require-hashes", "--no-deps", "-r", str(ROOT / "requirements/test.txt")
+    )
+    installed.server.start().wait_ready()
+    res = installed.ctl("instance", "create", GUEST, "--image", RECIPE, "--loadout", "minimal")
+    assert res.returncode == 0, res.stdout + res.stderr
+    status, snap = installed.server.api(
+        "POST", f"/api/v2/admin/instances/{GUEST}/snapshots", {"name": "s0", "memory": True}
+    )
+    assert status == 201, snap
+    wait_agent(installed.server, GUEST)
+    installed.listings["guest"] = listing(installed.data)
+    return installed
+
+
+@pytest.fixture(scope="module")
+def image(started: Installed) -> Installed:
+    """The recipe's image in the server's cache (built, or reused)."""
+    status, op = started.server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
+    assert status == 202, op
+    op = wait_op(started.server, op, timeout=900)
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    return started
+
+
 def test_console_scripts_run_from_outside_the_checkout(installed: Installed) -> None:
     for script in ("sandboxctl", "agent-client", "sandbox-server"):
         res = installed.run(installed.bin(script), "--help")
@@ -181,10 +224,9 @@ def test_console_scripts_run_from_outside_the_checkout(installed: Installed) -> 
     assert str(installed.venv) in res.stdout, "the package came from the checkout, not the wheel"
 
 
-def test_the_dashboard_and_every_file_it_loads_are_served(installed: Installed) -> None:
-    srv = installed.server.start()
-    srv.wait_ready()
-    installed.listings["start"] = listing(installed.data)
+def test_the_dashboard_and_every_file_it_loads_are_served(started: Installed) -> None:
+    installed = started
+    srv = installed.server
     with urllib.request.urlopen(srv.url + "/", timeout=30) as resp:
         assert resp.status == 200
         page = resp.read().decode()
@@ -208,38 +250,15 @@ def test_the_dashboard_and_every_file_it_loads_are_served(installed: Installed) 
 
 
 def test_with_every_extra_installed_the_console_script_provisions_a_guest_that_enrolls(
-    installed: Installed,
+    guest: Installed,
 ) -> None:
-    installed.server.stop()
-    installed.pip_install(
-        "--require-hashes", "--no-deps", "-r", str(ROOT / "requirements/test.txt")
-    )
+    installed = guest
     res = installed.run(installed.bin("python"), "-c", "import proto; print(proto.__file__)")
     assert res.returncode == 0 and "site-packages/proto/" in res.stdout, (
         "the trap is not set: no proto-plus in the environment " + res.stdout + res.stderr
     )
-    installed.server.start().wait_ready()
-    res = installed.ctl("instance", "create", GUEST, "--image", RECIPE, "--loadout", "minimal")
-    assert res.returncode == 0, res.stdout + res.stderr
     agent = installed.server.ok("GET", f"/api/v2/admin/agents/{GUEST}")
     assert agent["state"] == "connected", agent
-    status, snap = installed.server.api(
-        "POST", f"/api/v2/admin/instances/{GUEST}/snapshots", {"name": "s0", "memory": True}
-    )
-    assert status == 201, snap
-    wait_agent(installed.server, GUEST)
-    installed.listings["guest"] = listing(installed.data)
-
-
-def wait_agent(srv: ServerProcess, instance: str, timeout: float = 120) -> None:
-    """Until the instance's agent is connected (after a memory snapshot it reconnects)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status, agent = srv.api("GET", f"/api/v2/admin/agents/{instance}")
-        if status == 200 and agent.get("state") == "connected":
-            return
-        assert time.monotonic() < deadline, f"agent of {instance}: {agent}"
-        time.sleep(0.5)
 
 
 def clone(srv: ServerProcess, source: str, snapshot: str, new: str) -> None:
@@ -257,9 +276,10 @@ def delete(srv: ServerProcess, instance: str) -> None:
 
 
 @pytest.mark.parametrize("order", ["clones-first", "source-first"])
-def test_deletes_leave_nothing(installed: Installed, order: str) -> None:
+def test_deletes_leave_nothing(guest: Installed, order: str) -> None:
     """A clone B of the guest's memory snapshot, B's own memory snapshot, two clones of that;
     all three deleted: the data directory is, file for file, what it was before B."""
+    installed = guest
     srv = installed.server
     before = installed.listings["guest"]
     source, clones = f"{GUEST}-b", [f"{GUEST}-c1", f"{GUEST}-c2"]
@@ -279,7 +299,8 @@ def test_deletes_leave_nothing(installed: Installed, order: str) -> None:
     assert after == before, {"left": sorted(after - before), "gone": sorted(before - after)}
 
 
-def test_deleting_the_first_guest_leaves_the_data_dir_as_it_started(installed: Installed) -> None:
+def test_deleting_the_first_guest_leaves_the_data_dir_as_it_started(guest: Installed) -> None:
+    installed = guest
     delete(installed.server, GUEST)
     after = listing(installed.data)
     start = installed.listings["start"]
@@ -289,10 +310,11 @@ def test_deleting_the_first_guest_leaves_the_data_dir_as_it_started(installed: I
     assert added and all(n.startswith("fleet/bases/") for n in added), sorted(added)
 
 
-def test_an_agent_that_dies_at_start_fails_the_provision_at_once(installed: Installed) -> None:
+def test_an_agent_that_dies_at_start_fails_the_provision_at_once(image: Installed) -> None:
     """The installed agent's main() fails to import a module: the start-up import check cannot
     see it (it does not run main), the guest's agent crash-loops, and the provision fails as
     soon as the console shows the traceback — not at the 300 s enrolment timeout."""
+    installed = image
     srv = installed.server
     srv.stop()
     main_py = installed.site_file("agent/main.py")
@@ -305,7 +327,17 @@ def test_an_agent_that_dies_at_start_fails_the_provision_at_once(installed: Inst
     )
     assert broken != text
     main_py.write_text(broken)
-    srv.start().wait_ready()
+    try:
+        srv.start().wait_ready()
+        crash_fails_at_once(installed)
+    finally:  # later guests get the agent as installed
+        srv.stop()
+        main_py.write_text(text)
+        srv.start().wait_ready()
+
+
+def crash_fails_at_once(installed: Installed) -> None:
+    srv = installed.server
     before = listing(installed.data)
     started = time.monotonic()
     op = provision(srv, {"id": CRASH, "image": RECIPE, "loadout": "minimal"}, timeout=600)

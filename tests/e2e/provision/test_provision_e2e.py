@@ -3,14 +3,14 @@ cold provision whose agent enrolls over mTLS from inside the guest, a WebSocket 
 shell in that VM, a memory snapshot cloned under a new identity, isolation checked from inside,
 failures that leave nothing behind, and provision-vm.sh without a server.
 
-One server for the module; tests run in order and share the instances they make.
+One server for the module; the image and the cold guest are module fixtures, so each test
+runs alone as well as in the module (where they are made once and shared).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import re
 import shutil
 import subprocess
@@ -22,86 +22,65 @@ from typing import Any
 
 import pytest
 
-from tests.support.e2e import NAME_PREFIX, domains_under, forget_pools
+from tests.support.e2e import (
+    CACHE,
+    NAME_PREFIX,
+    RECIPE,
+    domains_named,
+    forget_pools,
+    libvirt_server,
+    provision,
+    wait_agent,
+    wait_op,
+)
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]  # a cold TCG boot on a loaded machine
 
-CACHE = Path(os.environ.get("SANDBOX_TEST_CACHE", "/var/tmp/agentic-sandbox-test-cache"))
 ROOT = Path(__file__).resolve().parents[3]
-RECIPE = "debian-12-agent"
 COLD = "e2e-cold"
 CLONE = "e2e-clone"
 
 
-def require_real_libvirt() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the e2e tier runs as root (libvirt qemu:///system, image builds)")
-    res = subprocess.run(
-        ["virsh", "-c", "qemu:///system", "version"], capture_output=True, text=True, timeout=30
-    )
-    if res.returncode != 0:
-        pytest.fail(
-            f"libvirtd is not answering on qemu:///system: {res.stderr.strip()} "
-            "(scripts/services.sh starts it)"
-        )
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    require_real_libvirt()
-    # QEMU runs as libvirt-qemu: the data directory's parents must be traversable (not /tmp's
-    # 0700 pytest folders).
-    data = Path(tempfile.mkdtemp(prefix="sbx-e2e-", dir="/var/tmp"))
-    data.chmod(0o755)
-    srv = ServerProcess(
-        data / "data",
-        env={
-            "SANDBOX_LIBVIRT_URI": "qemu:///system",
-            "SANDBOX_IMAGES_DIR": str(CACHE),
-            "SANDBOX_KVM_PROBE": "false",
-            "SANDBOX_PROVISION_READY_TIMEOUT_SECONDS": "300",
-            "SANDBOX_AGENT_HEARTBEAT_SECONDS": "2",
-        },
-    )
-    (data / "data").chmod(0o755)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", f"{NAME_PREFIX}pooled"):
-            srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
-        srv.stop()
-        leftovers = domains_under(data)  # this server's, not other runs' on the same libvirtd
-        forget_pools(data / "data")  # libvirt keeps pool definitions after their directory
-        shutil.rmtree(data, ignore_errors=True)
-        assert leftovers == [], f"domains left behind: {leftovers}"
+    # a shared 2-core machine under load boots TCG guests several times slower than alone
+    with libvirt_server("sbx-e2e-", SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="900") as srv:
+        try:
+            yield srv
+        finally:
+            for iid in (COLD, CLONE, "e2e-slow", "e2e-huge", f"{NAME_PREFIX}pooled"):
+                srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
 
 
-def domains_named(fragment: str) -> list[str]:
-    res = subprocess.run(
-        ["virsh", "-c", "qemu:///system", "list", "--all", "--name"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return [n for n in res.stdout.split() if fragment in n]
-
-
-def wait_op(srv: ServerProcess, op: dict[str, Any], timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while op["state"] not in ("succeeded", "failed", "canceled"):
-        assert time.monotonic() < deadline, f"operation still {op['state']}: {op}"
-        time.sleep(1)
-        op = srv.ok("GET", f"/api/v2/admin/operations/{op['id']}")
+# Every test asks for what it needs (the image, the cold guest) through these fixtures, so any
+# one of them runs alone; run together, the module builds (or reuses) the image and boots the
+# cold guest once.
+@pytest.fixture(scope="module")
+def image(server: ServerProcess) -> dict[str, Any]:
+    """The recipe's image, built or reused from the cache: the finished build operation."""
+    status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
+    assert status == 202, op
+    op = wait_op(server, op, timeout=900)
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
     return op
 
 
-def provision(srv: ServerProcess, body: dict[str, Any], timeout: float = 420) -> dict[str, Any]:
-    status, op = srv.api("POST", "/api/v2/admin/instances", body)
-    assert status == 202, op
-    return wait_op(srv, op, timeout)
+@pytest.fixture(scope="module")
+def cold_op(server: ServerProcess, image: dict[str, Any]) -> dict[str, Any]:
+    """The cold provision of COLD (once per module): its finished operation."""
+    op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"}, timeout=1000)
+    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    return op
+
+
+@pytest.fixture
+def cold(server: ServerProcess, cold_op: dict[str, Any]) -> str:
+    """COLD with its agent connected (a test before may have snapshotted it or killed its
+    agent: both reconnect)."""
+    wait_agent(server, COLD)
+    return COLD
 
 
 async def run_in_session(
@@ -124,18 +103,16 @@ async def run_in_session(
     return text
 
 
-def test_image_builds_or_is_reused(server: ServerProcess) -> None:
-    status, op = server.api("POST", "/api/v2/admin/images", {"recipe": RECIPE})
-    assert status == 202, op
-    op = wait_op(server, op, timeout=900)
-    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+def test_image_builds_or_is_reused(server: ServerProcess, image: dict[str, Any]) -> None:
+    op = image
     images = server.ok("GET", "/api/v2/admin/images")["items"]
     assert any(i["name"] == op["result"]["image"] for i in images)
 
 
-def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: ServerProcess) -> None:
-    op = provision(server, {"id": COLD, "image": RECIPE, "loadout": "minimal"})
-    assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(
+    server: ServerProcess, cold_op: dict[str, Any]
+) -> None:
+    op = cold_op
     stages = [s["name"] for s in op["stages"]]
     assert stages[-2:] == ["enrolling", "ready"], stages
     inst = server.ok("GET", f"/api/v2/admin/instances/{COLD}")
@@ -148,7 +125,7 @@ def test_cold_provision_enrolls_and_a_websocket_types_in_the_guest(server: Serve
     assert re.search(r"\b[0-9a-f]{32}\b", out), out
 
 
-def test_a2a_task_runs_in_the_guest(server: ServerProcess) -> None:
+def test_a2a_task_runs_in_the_guest(server: ServerProcess, cold: str) -> None:
     """An orchestrator's A2A message becomes a run in a PTY inside the VM, as the agent user."""
     import json
     import urllib.request
@@ -180,17 +157,6 @@ def test_a2a_task_runs_in_the_guest(server: ServerProcess) -> None:
     assert f"user=agent host={COLD}" in text and "cloud-amd64" in text, text[:2000]
 
 
-def wait_agent(server: ServerProcess, instance: str, timeout: float = 90) -> float:
-    """Seconds until the instance's agent is connected (after a restore it reconnects)."""
-    started = time.monotonic()
-    while True:
-        status, agent = server.api("GET", f"/api/v2/admin/agents/{instance}")
-        if status == 200 and agent.get("state") == "connected":
-            return time.monotonic() - started
-        assert time.monotonic() - started < timeout, f"agent of {instance}: {agent}"
-        time.sleep(0.5)
-
-
 def guest_identity(server: ServerProcess, instance: str) -> dict[str, str]:
     out = asyncio.run(
         run_in_session(
@@ -205,7 +171,7 @@ def guest_identity(server: ServerProcess, instance: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split())
 
 
-def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> None:
+def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess, cold: str) -> None:
     status, snap = server.api(
         "POST", f"/api/v2/admin/instances/{COLD}/snapshots", {"name": "golden", "memory": True}
     )
@@ -232,7 +198,9 @@ def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess) -> No
     assert agents[COLD].get("certificate_serial") != agents[CLONE].get("certificate_serial")
 
 
-def test_killed_agent_is_restarted_by_systemd_and_comes_back(server: ServerProcess) -> None:
+def test_killed_agent_is_restarted_by_systemd_and_comes_back(
+    server: ServerProcess, cold: str
+) -> None:
     """kill -9 the agent inside the guest: systemd restarts it, the instance's agent goes
     away (stale or disconnected) and comes back connected."""
     sess = server.ok(
@@ -265,7 +233,7 @@ def test_killed_agent_is_restarted_by_systemd_and_comes_back(server: ServerProce
     assert kinds.count("agent.connected") >= 2, kinds
 
 
-def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess) -> None:
+def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess, cold: str) -> None:
     """From an unprivileged shell (user `agent`, no sudo): nothing but the agent's own forward
     is there, and that one refuses every user but root — so no guest process can open it,
     displace the agent's connection or talk over it, however often it tries."""
@@ -298,7 +266,7 @@ def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess) -> No
 
 
 def test_agent_that_never_enrolls_fails_at_enrolling_and_leaves_nothing(
-    server: ServerProcess,
+    server: ServerProcess, image: dict[str, Any]
 ) -> None:
     op = provision(server, {"id": "e2e-slow", "image": RECIPE, "ready_timeout_seconds": 5})
     assert op["state"] == "failed", op
@@ -317,7 +285,9 @@ def test_agent_that_never_enrolls_fails_at_enrolling_and_leaves_nothing(
     assert usable == 0, "the failed instance's enrollment token is still usable"
 
 
-def test_libvirt_refusal_and_bad_input_leave_nothing(server: ServerProcess) -> None:
+def test_libvirt_refusal_and_bad_input_leave_nothing(
+    server: ServerProcess, image: dict[str, Any]
+) -> None:
     op = provision(server, {"id": "e2e-huge", "image": RECIPE, "resources": {"memory_mib": 262144}})
     assert op["state"] == "failed" and op["error"]["stage"] in ("placing", "booting"), op
     status, body = server.api(
@@ -331,8 +301,8 @@ def test_libvirt_refusal_and_bad_input_leave_nothing(server: ServerProcess) -> N
     assert domains_named("e2e-huge") == [] and domains_named("e2e-bad") == []
 
 
-def test_provision_vm_sh_without_a_server() -> None:
-    require_real_libvirt()
+def test_provision_vm_sh_without_a_server(image: dict[str, Any]) -> None:
+    """(`image`: the recipe's build in the cache, which the script boots from.)"""
     data = Path(tempfile.mkdtemp(prefix="sbx-e2e-direct-", dir="/var/tmp"))
     data.chmod(0o755)
     script = str(ROOT / "provision" / "provision-vm.sh")
@@ -364,7 +334,7 @@ def test_provision_vm_sh_without_a_server() -> None:
     assert leftovers == [], leftovers
 
 
-def test_warm_pool_hand_off(server: ServerProcess) -> None:
+def test_warm_pool_hand_off(server: ServerProcess, image: dict[str, Any]) -> None:
     pooled = f"{NAME_PREFIX}pooled"
     states = server.data_dir / "fleet" / "states"
     status, op = server.api(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.a2a.harness import AgentProc, ServerProc
+from tests.support.async_processes import AgentProc, ServerProc
 
 INSTANCE = "a2a-1"
 
@@ -69,8 +69,7 @@ async def stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
     agent = AgentProc(server, INSTANCE, tmp_path)
     try:
         alice = await server.token("alice")
-        await agent.enroll_and_start(alice)
-        server.set_instance_spec(INSTANCE, skills=[GREET_SKILL], task_runner=runner(tmp_path))
+        await agent.enroll_and_start(alice, skills=[GREET_SKILL], task_runner=runner(tmp_path))
         key = await server.api_key(INSTANCE, ["a2a:read", "a2a:invoke"], alice)
         yield Stack(server, agent, alice, key)
     finally:

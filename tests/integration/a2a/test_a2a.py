@@ -20,9 +20,8 @@ from a2a.utils.signing import InvalidSignaturesError
 from aiohttp import web
 from google.protobuf.json_format import ParseDict
 
-from tests.integration.a2a.conftest import INSTANCE, Stack
-from tests.integration.a2a.harness import free_port
-from tests.unit.a2a.sdk_client import (
+from tests.integration.a2a.conftest import GREET_SKILL, INSTANCE, Stack
+from tests.support.a2a_sdk_client import (
     BINDINGS,
     a2a_client,
     artifact_text,
@@ -33,6 +32,7 @@ from tests.unit.a2a.sdk_client import (
     state_name,
     text_message,
 )
+from tests.support.async_processes import free_port
 
 V = {"A2A-Version": "1.0"}
 TICKS = "for i in 1 2 3 4; do echo tick $i; sleep 0.4; done"
@@ -67,6 +67,44 @@ async def test_card_resolves_with_signature_verification(stack: Stack) -> None:
     assert jwks["keys"][0]["kty"] == "OKP" and jwks["keys"][0]["crv"] == "Ed25519"
 
 
+BAD_DECLARATIONS = [
+    ({"skills": [{"id": "x", "name": "X"}]}, "body.skills.0.description"),
+    ({"skills": [GREET_SKILL, GREET_SKILL]}, "body.skills"),
+    ({"skills": [{**GREET_SKILL, "runner": ["x"]}]}, "body.skills.0.runner"),  # loadout spelling
+    ({"skills": [{**GREET_SKILL, "input_schema": {"type": 7}}]}, "body.skills.0.input_schema"),
+    ({"task_runner": {"argv": []}}, "body.task_runner.argv"),
+    ({"task_runner": {"env": {"1BAD": "v"}}}, "body.task_runner.env"),
+    ({"budgets": {"defaults": {"memory_mib": 2}}}, "body.budgets.defaults.memory_mib"),
+]
+
+
+async def test_registration_declares_skills_and_runner_and_names_a_bad_field(
+    stack: Stack,
+) -> None:
+    """A host instance declares its skills and task runner when it is registered, the way a
+    user does; a bad declaration is a 422 naming the field and records nothing."""
+    path = "/api/v2/admin/agents/host-instances"
+    for extra, field in BAD_DECLARATIONS:
+        r = await stack.server.call(
+            "POST", path, stack.alice, json={"instance_id": "decl", **extra}
+        )
+        assert r.status_code == 422, (extra, r.text)
+        assert field in [e["field"] for e in r.json()["errors"]], (extra, r.json())
+        assert (await stack.server.call("GET", "/api/v2/admin/agents/decl")).status_code == 404
+    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "command": ["true"]}
+    body = {
+        "instance_id": "decl",
+        "skills": [lint],
+        "task_runner": {"argv": ["sh", "-c", "{text}"]},
+    }
+    r = await stack.server.call("POST", path, stack.alice, json=body)
+    assert r.status_code == 201, r.text
+    async with httpx.AsyncClient() as http:
+        card = await http.get(stack.server.agent_url("decl") + "/.well-known/agent-card.json")
+    assert card.status_code == 200, card.text
+    assert {s["id"] for s in card.json()["skills"]} == {"shell", "lint"}
+
+
 async def test_tampered_card_or_wrong_key_is_rejected(stack: Stack) -> None:
     async with httpx.AsyncClient() as http:
         card = (await http.get(stack.url + "/.well-known/agent-card.json")).json()
@@ -80,7 +118,7 @@ async def test_tampered_card_or_wrong_key_is_rejected(stack: Stack) -> None:
     with pytest.raises(InvalidSignaturesError):
         jwks_verifier(jwks)(ParseDict(tampered, pb.AgentCard()))
     # a second agent has its own key, which does not verify the first one's card
-    from tests.integration.a2a.harness import AgentProc
+    from tests.support.async_processes import AgentProc
 
     other = AgentProc(stack.server, "a2a-2", stack.agent.tmp)
     await other.enroll_and_start(stack.alice)

@@ -23,10 +23,7 @@ import pytest
 
 from agentic_sandbox import AsyncClient
 from agentic_sandbox.broker.instances import FleetComponent
-from agentic_sandbox.broker.instances.pools import DONE_MARKER
 from agentic_sandbox.images import BuiltImage, ImageBuilder
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
 from tests.integration.cli.test_sandboxctl_verbs import (
     NON_FLEET_VERBS,
     Case,
@@ -34,8 +31,10 @@ from tests.integration.cli.test_sandboxctl_verbs import (
     run_both_ways,
 )
 from tests.support.cli import Sandboxctl
+from tests.support.fake_images import publish_fake
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import golden_console_says_done, node_uri
 from tests.support.server import free_port
-from tests.unit.images.images_fakes import publish_fake
 
 RECIPE = "debian-12-agent"  # the server's default recipe
 # set-context and use-context change the CLI's own file: test_sandboxctl.py covers them
@@ -58,19 +57,6 @@ class InstantBuilder(ImageBuilder):
         image = self.cached(recipe)
         assert image is not None
         return image
-
-
-def golden_console_says_done(comp: FleetComponent) -> None:
-    """A warm pool's golden VM waits for cloud-init's marker on its serial console; a VM of
-    the test driver has no console, so this one says it (the second fake here)."""
-    fleet = comp.fleet
-    read = fleet.read_serial_log
-
-    async def read_serial_log(instance_id: str, offset: int = 0) -> bytes:
-        data = await read(instance_id, offset)
-        return data + DONE_MARKER if instance_id.startswith("golden-") else data
-
-    fleet.read_serial_log = read_serial_log  # type: ignore[method-assign]
 
 
 @pytest.fixture

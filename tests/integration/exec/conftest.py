@@ -6,10 +6,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.agents import AgentProcess, start_agent
-from tests.support.fixtures import agent_factory, sandbox_server, server_factory, unique_id
+from tests.support.fixtures import unique_id
 from tests.support.server import ServerProcess
-
-__all__ = ["agent", "agent_factory", "sandbox_server", "server_factory"]
 
 
 @pytest.fixture(scope="module")

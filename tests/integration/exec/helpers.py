@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support.polling import wait_until
 from tests.support.server import ServerProcess
 
 CGROUP_BASES = [
@@ -53,14 +53,6 @@ def stream_lines(
         assert resp.headers["Content-Type"].startswith("application/x-ndjson")
         for raw in resp:
             yield json.loads(raw)
-
-
-def wait_until(check: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 def processes_with(marker: str) -> list[str]:

@@ -195,14 +195,11 @@ def test_viewers_cannot_run_and_other_owners_see_nothing(
 def test_loadout_defaults_and_ceilings(
     sandbox_server: ServerProcess, agent_factory: AgentFactory
 ) -> None:
-    a = agent_factory(sandbox_server, unique_id("x1-ceil"))
-    sandbox_server.set_instance_spec(
-        a.instance_id,
-        budgets={
-            "defaults": {"memory_mib": 64, "timeout_seconds": 30},
-            "maxima": {"memory_mib": 128, "pids": 100},
-        },
-    )
+    budgets = {
+        "defaults": {"memory_mib": 64, "timeout_seconds": 30},
+        "maxima": {"memory_mib": 128, "pids": 100},
+    }
+    a = agent_factory(sandbox_server, unique_id("x1-ceil"), profile={"budgets": budgets})
     out = ok(sandbox_server, a.instance_id, {"argv": ["true"]})
     assert out["budget"] == {
         "timeout_seconds": 30.0,

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.integration.exec.helpers import run, wait_until
-from tests.integration.sessions.helpers import create_session
+from tests.integration.exec.helpers import run
 from tests.support.fixtures import AgentFactory, unique_id
+from tests.support.polling import wait_until
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import create_session
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,19 +1,15 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from fleet_support.fleet_env import Env
-from fleet_support.testdriver import Faults, node_uri
-
 from agentic_sandbox.fleet import Fleet, FleetConfig, FleetEvent, HostSpec
+from tests.support.fleet_env import Env
+from tests.support.libvirt_testdriver import Faults, node_uri
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fleet_support.fleet_env import Env
 
 from agentic_sandbox.fleet import (
     CloneSpec,
@@ -13,6 +12,7 @@ from agentic_sandbox.fleet import (
     NotFound,
     Resources,
 )
+from tests.support.fleet_env import Env
 
 
 def spec(**kw: object) -> InstanceSpec:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fleet_support.fleet_env import Env
-from fleet_support.testdriver import node_uri
 
 from agentic_sandbox.fleet import (
     Conflict,
@@ -14,6 +12,8 @@ from agentic_sandbox.fleet import (
     NoCapacity,
     Resources,
 )
+from tests.support.fleet_env import Env
+from tests.support.libvirt_testdriver import node_uri
 
 
 async def test_placement_spreads_and_follows_labels(env: Env) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from fleet_support.fleet_env import Env
-from fleet_support.testdriver import wait_for
 
 from agentic_sandbox.fleet import (
     Conflict,
@@ -16,6 +14,8 @@ from agentic_sandbox.fleet import (
     NotFound,
     Resources,
 )
+from tests.support.fleet_env import Env
+from tests.support.libvirt_testdriver import wait_for
 
 
 def spec(iid: str = "a1", **kw: object) -> InstanceSpec:

@@ -6,8 +6,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fleet_support.fleet_env import Env
-from fleet_support.testdriver import node_uri, wait_for
 
 from agentic_sandbox.fleet import (
     Fleet,
@@ -22,6 +20,8 @@ from agentic_sandbox.fleet import (
 from agentic_sandbox.fleet.domain_config import DomainConfig, NetConfig
 from agentic_sandbox.fleet.libvirt.domain_xml import build_domain_xml
 from agentic_sandbox.fleet.models import EgressPolicy
+from tests.support.fleet_env import Env
+from tests.support.libvirt_testdriver import node_uri, wait_for
 
 
 async def test_domain_removed_behind_the_fleets_back_is_lost(env: Env) -> None:

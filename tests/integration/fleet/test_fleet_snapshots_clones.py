@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from fleet_support.fleet_env import Env
-from fleet_support.testdriver import wait_for
 
 from agentic_sandbox.fleet import (
     CloneSpec,
@@ -15,6 +13,8 @@ from agentic_sandbox.fleet import (
     NotFound,
 )
 from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
+from tests.support.fleet_env import Env
+from tests.support.libvirt_testdriver import wait_for
 
 
 async def test_snapshot_create_list_revert_delete(env: Env) -> None:

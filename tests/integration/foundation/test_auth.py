@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from tests.inproc import Running
+from tests.support.inproc_server import Running
 
 
 async def test_bootstrap_admin_token_file_is_0600(running: Running) -> None:
@@ -154,7 +154,7 @@ async def test_denials_are_audited_and_counted(running: Running) -> None:
 async def test_rate_limit_gives_429_with_retry_after(tmp_path: object) -> None:
     from pathlib import Path
 
-    from tests.inproc import make_settings, start_server
+    from tests.support.inproc_server import make_settings, start_server
 
     settings = make_settings(Path(str(tmp_path)), rate_limit_per_minute=1, rate_limit_burst=3)
     async with start_server(settings) as r:

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from agentic_sandbox.broker.observability.events import EventFilter
-from tests.inproc import Running
+from tests.support.inproc_server import Running
 
 
 def publish_many(running: Running, n: int, **kw: Any) -> None:
@@ -48,7 +48,7 @@ async def test_pagination_returns_every_event_once_in_order(running: Running) ->
 async def test_pagination_beyond_the_ring_reads_the_database(tmp_path: object) -> None:
     from pathlib import Path
 
-    from tests.inproc import make_settings, start_server
+    from tests.support.inproc_server import make_settings, start_server
 
     async with start_server(make_settings(Path(str(tmp_path)), events_ring_size=100)) as r:
         publish_many(r, 450)
@@ -120,7 +120,7 @@ async def test_sse_resumes_from_last_event_id_without_gap_or_duplicate(running: 
 async def test_slow_sse_client_is_told_it_missed_events(tmp_path: object) -> None:
     from pathlib import Path
 
-    from tests.inproc import make_settings, start_server
+    from tests.support.inproc_server import make_settings, start_server
 
     settings = make_settings(Path(str(tmp_path)), sse_client_queue=10)
     async with start_server(settings) as r:

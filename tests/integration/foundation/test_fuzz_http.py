@@ -12,11 +12,11 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from agentic_sandbox.images import ImageStore
-from tests.fleet_support.testdriver import node_uri
 from tests.support.agents import AgentProcess, start_agent
+from tests.support.fake_images import publish_fake
 from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
-from tests.unit.images.images_fakes import publish_fake
 
 # Streams never end by themselves; image builds and pools would run real builds and boots;
 # revoking tokens or logging out would end the fuzzer's own access.

@@ -10,8 +10,8 @@ from openapi_spec_validator import validate
 
 from agentic_sandbox.broker.components import build_components
 from agentic_sandbox.broker.http.openapi import openapi_path
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import node_uri
 
 
 @pytest.fixture

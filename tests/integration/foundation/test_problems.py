@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.inproc import Running
+from tests.support.inproc_server import Running
 
 PROBLEM = "application/problem+json"
 

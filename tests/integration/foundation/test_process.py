@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.inproc import free_port
+from tests.support.inproc_server import free_port
 
 SERVER = [sys.executable, "-m", "agentic_sandbox.broker.main"]
 

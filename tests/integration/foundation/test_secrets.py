@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from agentic_sandbox.broker.observability.logs import JsonFormatter
-from tests.inproc import Running
+from tests.support.inproc_server import Running
 
 VALUE = "tok-3f9a-very-secret-value-0042"
 

@@ -10,9 +10,9 @@ import pytest
 
 from agentic_sandbox.broker.instances import FleetComponent
 from agentic_sandbox.images import ImageStore
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.fake_images import publish_fake
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import node_uri
 
 IMAGE = "fake-0123456789ab"
 

@@ -25,10 +25,10 @@ from agentic_sandbox.broker.instances.service import Action, InstanceFilter, New
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import InvalidRequest
 from agentic_sandbox.images import ImageStore
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
 from tests.integration.instances.conftest import IMAGE
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.fake_images import publish_fake
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import node_uri
 
 ADMIN = Principal(subject="admin", role=Role.admin, kind="token", credential_id="t-admin")
 ALICE = Principal(subject="alice", role=Role.operator, kind="token", credential_id="t-alice")

@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from agentic_sandbox.broker.instances import FleetComponent
-from tests.inproc import Running
 from tests.integration.instances.conftest import IMAGE
+from tests.support.inproc_server import Running
 
 
 async def wait_op(r: Running, op: dict[str, Any], token: str | None = None) -> dict[str, Any]:
@@ -213,7 +213,7 @@ async def test_ownership_and_roles(fleet_server: Running) -> None:
 
 
 async def test_hosts_and_placement(fleet_server: Running, tmp_path: Any) -> None:
-    from tests.fleet_support.testdriver import node_uri
+    from tests.support.libvirt_testdriver import node_uri
 
     r = fleet_server
     uri = node_uri(tmp_path, "second", memory_mib=65536)
@@ -275,9 +275,9 @@ async def test_metrics_show_instances_by_state_and_host(fleet_server: Running) -
 async def test_instance_quota_per_owner_is_429(tmp_path: Any) -> None:
     from agentic_sandbox.broker.instances import FleetComponent
     from agentic_sandbox.images import ImageStore
-    from tests.fleet_support.testdriver import node_uri
-    from tests.inproc import make_settings, start_server
-    from tests.unit.images.images_fakes import publish_fake
+    from tests.support.fake_images import publish_fake
+    from tests.support.inproc_server import make_settings, start_server
+    from tests.support.libvirt_testdriver import node_uri
 
     publish_fake(ImageStore(tmp_path / "data" / "images"), IMAGE, recipe_name="fake")
     settings = make_settings(

@@ -16,12 +16,11 @@ import pytest
 
 from agentic_sandbox.broker.instances import FleetComponent
 from agentic_sandbox.images import ImageStore
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
-from tests.integration.cli.test_sandboxctl_fleet import golden_console_says_done
 from tests.integration.instances.conftest import IMAGE
 from tests.integration.instances.test_instances_api import create, wait_op
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.fake_images import publish_fake
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import golden_console_says_done, node_uri
 
 LOADOUTS = "/api/v2/admin/loadouts"
 WEB_V1 = {"extends": "minimal", "description": "web v1", "resources": {"cpus": 1}}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.inproc import Running, free_port, make_settings, start_server
+from tests.support.inproc_server import Running, free_port, make_settings, start_server
 
 
 def promtool(text: bytes) -> subprocess.CompletedProcess[bytes]:

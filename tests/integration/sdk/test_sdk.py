@@ -61,8 +61,16 @@ async def test_a_host_instance_becomes_ready(
     sandbox_server: ServerProcess, sbx: AsyncClient, tmp_path: Path
 ) -> None:
     iid = unique_id("sdk-host")
-    record = await sbx.instances.register_host(iid, description="sdk test")
+    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "command": ["true"]}
+    with pytest.raises(ValidationFailed) as bad:
+        await sbx.instances.register_host(iid, skills=[{**lint, "runner": ["x"]}])
+    assert "body.skills.0.runner" in str(bad.value.fields), bad.value
+    record = await sbx.instances.register_host(
+        iid, description="sdk test", skills=[lint], task_runner={"argv": ["sh", "-c", "{text}"]}
+    )
     assert record.id == iid and record.kind == "host-agent" and record.agent_state == "absent"
+    card = sandbox_server.ok("GET", f"/agents/{iid}/.well-known/agent-card.json", token="")
+    assert {s["id"] for s in card["skills"]} == {"shell", "lint"}
     with pytest.raises(Conflict) as exc:
         await sbx.instances.register_host(iid)
     assert exc.value.status == 409 and exc.value.code == "instance-exists"

@@ -26,10 +26,9 @@ from agentic_sandbox.sdk import (
     Unavailable,
     ValidationFailed,
 )
-from tests.fleet_support.testdriver import node_uri
-from tests.inproc import Running, make_settings, start_server
-from tests.integration.cli.test_sandboxctl_fleet import golden_console_says_done
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.fake_images import publish_fake
+from tests.support.inproc_server import Running, make_settings, start_server
+from tests.support.libvirt_testdriver import golden_console_says_done, node_uri
 
 IMAGE = "fake-0123456789ab"
 

@@ -28,12 +28,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.fleet_support.testdriver import node_uri
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
-from tests.support.fixtures import TEST_SERVER_ENV, agent_factory, sandbox_server, server_factory
+from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
-
-__all__ = ["agent_factory", "sandbox_server", "server_factory"]  # fixtures of the other tests
 
 KINDS = ("none", "wrong", "revoked", "viewer", "owner", "admin", "apikey", "other")
 INSTANCE = "sec-alice"
@@ -104,16 +102,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
         server.ok("DELETE", f"/api/v2/admin/tokens/{token_ids['revoked']}")
 
-        register_host_instance(server, INSTANCE, token=alice)
+        home = root / "task-home"
+        home.mkdir()
+        register_host_instance(
+            server,
+            INSTANCE,
+            token=alice,
+            task_runner={"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}},
+        )
         grant = enrollment_token(server, INSTANCE, token=alice)
         agent = AgentProcess(server, INSTANCE, root / "agent", enrollment_token=grant)
         agent.start()
         agent.wait_connected()
-        home = root / "task-home"
-        home.mkdir()
-        server.set_instance_spec(
-            INSTANCE, task_runner={"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}}
-        )
         session = server.ok(
             "POST",
             "/api/v2/admin/sessions",

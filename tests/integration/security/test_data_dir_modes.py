@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from agentic_sandbox.images import ImageStore
-from tests.fleet_support.testdriver import node_uri
-from tests.integration.sessions.helpers import create_session, wait_state
 from tests.support.agents import start_agent
+from tests.support.fake_images import publish_fake
 from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.sessions import create_session, wait_state
 
 IMAGE = "fake-0123456789ab"
 

@@ -23,14 +23,12 @@ import pytest
 
 from agentic_sandbox.broker.sessions.ids import is_session_id
 from agentic_sandbox.proto import agent_pb2 as pb
-from tests.integration.sessions.helpers import SHELL, create_session, events, metric, wait_state
 from tests.support.agents import register_host_instance
 from tests.support.crafted import CraftedAgent
-from tests.support.fixtures import AgentFactory, ServerFactory, agent_factory, server_factory
+from tests.support.fixtures import AgentFactory, ServerFactory
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
-
-__all__ = ["agent_factory", "server_factory"]  # the fixtures this module uses
+from tests.support.sessions import SHELL, create_session, events, metric, wait_state
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from agentic_sandbox.images import ImageStore
 from agentic_sandbox.provision import read_seed_iso
-from tests.fleet_support.testdriver import node_uri
-from tests.integration.sessions.helpers import SHELL, create_session, events
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
+from tests.support.fake_images import publish_fake
 from tests.support.fixtures import ServerFactory
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.ptyclient import PtyClient
-from tests.unit.images.images_fakes import publish_fake
+from tests.support.sessions import SHELL, create_session, events
 
 SECRET = "s3cr3t-value-of-alice-7d41"
 

@@ -23,7 +23,8 @@ from agentic_sandbox.broker.sessions.contract import Prompt
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.broker.sessions.states import SessionState
 from agentic_sandbox.proto import agent_pb2 as pb
-from tests.support.inproc_hub import attach, hub_server, principal, until
+from tests.support.inproc_hub import attach, hub_server, principal
+from tests.support.polling import until
 
 pytestmark = pytest.mark.timeout(60)
 

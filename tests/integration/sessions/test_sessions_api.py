@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 import pytest
 from openapi_spec_validator import validate
 
-from tests.integration.sessions.helpers import SHELL, create_session, events, metric, wait_state
 from tests.support.fixtures import AgentFactory, unique_id
+from tests.support.polling import until, wait_until
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import SHELL, create_session, events, metric, wait_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,8 +31,10 @@ async def test_screen_list_get_and_recording(
         )
         await ctl.wait_output(b"line-40")
         await ctl.wait_output(b"red")
-        await asyncio.sleep(0.3)
-        screen = server.ok("GET", f"/api/v2/admin/sessions/{sid}/screen?scrollback=50")
+        screen_url = f"/api/v2/admin/sessions/{sid}/screen?scrollback=50"
+        # the screen is the server's emulator: it has the bytes once it shows the last line
+        await until(lambda: "red" in server.ok("GET", screen_url)["text"], "red on the screen", 15)
+        screen = server.ok("GET", screen_url)
         assert (screen["cols"], screen["rows"]) == (90, 20)
         assert len(screen["lines"]) == 20
         assert "line-40" in screen["text"] and "red" in screen["text"]
@@ -135,7 +137,10 @@ async def test_agents_api_metrics_and_openapi(
 ) -> None:
     server = sandbox_server
     agent = agent_factory(server)
-    time.sleep(1.2)  # a couple of heartbeats (0.5 s in tests)
+    wait_until(  # the first heartbeat brings the metrics (0.5 s apart in tests)
+        lambda: server.ok("GET", f"/api/v2/admin/agents/{agent.instance_id}")["metrics"],
+        "the agent's first heartbeat",
+    )
     status = server.ok("GET", f"/api/v2/admin/agents/{agent.instance_id}")
     assert status["state"] == "connected"
     m = status["metrics"]

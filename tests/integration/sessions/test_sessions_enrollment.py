@@ -19,10 +19,10 @@ from cryptography.x509.oid import NameOID
 
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
-from tests.integration.sessions.helpers import events, metric
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
 from tests.support.server import ServerProcess
+from tests.support.sessions import events, metric
 
 pytestmark = pytest.mark.timeout(180)
 SERVER_NAME = "agentic-sandbox-server"

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.sessions.helpers import SHELL, create_session
 from tests.support.fixtures import AgentFactory
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import SHELL, create_session
 
 pytestmark = pytest.mark.timeout(600)
 

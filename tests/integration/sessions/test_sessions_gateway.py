@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.integration.sessions.helpers import SHELL, create_session, events
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
 from tests.support.fixtures import ServerFactory
 from tests.support.guestfwd import GuestForward
 from tests.support.ptyclient import PtyClient
+from tests.support.sessions import SHELL, create_session, events
 
 
 def _ts(line: str) -> float:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.integration.sessions.helpers import SHELL, create_session, events, wait_state
 from tests.support.fixtures import AgentFactory
 from tests.support.server import ServerProcess
+from tests.support.sessions import SHELL, create_session, events, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

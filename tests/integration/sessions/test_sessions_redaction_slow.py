@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.sessions.helpers import create_session, wait_state
 from tests.support.fixtures import AgentFactory, unique_id
 from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
+from tests.support.sessions import create_session, wait_state
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.sessions.helpers import (
+from tests.support.fixtures import AgentFactory, ServerFactory
+from tests.support.ptyclient import PtyClient
+from tests.support.sessions import (
     SHELL,
     RawWebSocket,
     create_session,
@@ -19,8 +21,6 @@ from tests.integration.sessions.helpers import (
     stalled_client,
     wait_state,
 )
-from tests.support.fixtures import AgentFactory, ServerFactory
-from tests.support.ptyclient import PtyClient
 
 pytestmark = pytest.mark.timeout(300)
 

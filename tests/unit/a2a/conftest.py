@@ -15,7 +15,7 @@ from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks import Caller, TaskRecord, TasksComponent, TaskService, TaskState
-from tests.unit.a2a.fakes import FakeSessions
+from tests.support.fake_sessions import FakeSessions
 
 ALICE = Caller(subject="alice", actor="token:alice")
 BOB = Caller(subject="bob", actor="token:bob")
@@ -180,7 +180,7 @@ def install_scripts(fake: FakeSessions) -> None:
 async def agent(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
     from agentic_sandbox.broker.a2a import A2AComponent
     from agentic_sandbox.broker.server import Server
-    from tests.inproc import free_port
+    from tests.support.inproc_server import free_port
 
     over = getattr(request, "param", {}) or {}
     port = free_port()

@@ -17,8 +17,7 @@ from a2a.utils.signing import InvalidSignaturesError
 from google.protobuf.json_format import ParseDict
 
 from agentic_sandbox.broker.a2a.card import SKILL_SCHEMAS_EXT, clean_empty
-from tests.unit.a2a.conftest import Agent
-from tests.unit.a2a.sdk_client import (
+from tests.support.a2a_sdk_client import (
     BINDINGS,
     a2a_client,
     artifact_text,
@@ -29,6 +28,7 @@ from tests.unit.a2a.sdk_client import (
     state_name,
     text_message,
 )
+from tests.unit.a2a.conftest import Agent
 
 V = {"A2A-Version": "1.0"}
 

@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 
 from agentic_sandbox.broker.observability.events import EventFilter
-from tests.inproc import free_port
+from agentic_sandbox.broker.tasks import Caller, TaskState
+from tests.support.inproc_server import free_port
 from tests.unit.a2a.conftest import Agent
 
 V = {"A2A-Version": "1.0"}
@@ -194,7 +195,13 @@ async def test_v1_submit_get_list_logs_cancel(agent: Agent) -> None:
         agent, "POST", "/api/v1/tasks", alice, json={"instance_id": "vm1", "command": "sleep 60"}
     )
     tid2 = r.json()["id"]
-    await asyncio.sleep(0.1)
+    admin = Caller("admin", "token:admin", is_admin=True)
+    for _ in range(500):  # cancel a task that runs, not one still waiting for its session
+        if (await agent.tasks.get(tid2, admin)).state is TaskState.working:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the long task never started working")
     r = await _v1(agent, "DELETE", f"/api/v1/tasks/{tid2}", alice)
     assert r.status_code == 200 and r.json()["state"] == "canceled"
     _deprecated(r)

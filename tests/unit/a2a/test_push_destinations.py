@@ -24,7 +24,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from agentic_sandbox.broker.observability.events import EventFilter
 from agentic_sandbox.broker.tasks.destinations import DestinationPolicy, is_public
-from tests.inproc import free_port
+from tests.support.inproc_server import free_port
 from tests.unit.a2a.conftest import Agent
 
 V = {"A2A-Version": "1.0"}

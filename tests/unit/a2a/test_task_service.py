@@ -17,8 +17,8 @@ from agentic_sandbox.broker.tasks import (
     TaskNotWaiting,
     TaskState,
 )
+from tests.support.fake_sessions import FakeSessions
 from tests.unit.a2a.conftest import ALICE, BOB, GREET_SKILL, Env, running_env, settings_for
-from tests.unit.a2a.fakes import FakeSessions
 
 S = TaskState
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -91,10 +93,50 @@ async def test_host_agents_ignore_seeds(tmp_path: Path, monkeypatch: pytest.Monk
     assert rt.cfg.instance_id == "golden-1"
 
 
-def test_clock_is_only_stepped_beyond_the_tolerance() -> None:
-    import time
+@dataclass
+class FakeClock:
+    """A realtime clock the test owns: what it reads, whether it may be set, what it was set to."""
 
-    assert identity.step_clock(time.time() + 0.5) is False  # within 2 s: left alone
+    at: float
+    root: bool = True
+    refuse: bool = False
+    set_to: list[float] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.at
+
+    def may_set(self) -> bool:
+        return self.root
+
+    def set(self, unix_time: float) -> None:
+        if self.refuse:
+            raise PermissionError(1, "Operation not permitted")
+        self.set_to.append(unix_time)
+        self.at = unix_time
+
+
+def test_clock_is_only_stepped_beyond_the_tolerance() -> None:
+    clock = FakeClock(at=1_000.0)
+    assert identity.step_clock(1_001.5, clock=clock) is False  # within 2 s: left alone
+    assert identity.step_clock(998.5, clock=clock) is False  # behind, within 2 s
+    assert clock.set_to == []
+    assert identity.step_clock(1_300.0, clock=clock) is True  # a restored guest, 5 min behind
+    assert clock.set_to == [1_300.0] and clock.now() == 1_300.0
+    assert identity.step_clock(1_300.0, clock=clock) is False  # now in step: nothing more
+    assert identity.step_clock(1_000.5, tolerance=0.0, clock=clock) is True  # a seed: exact
+    assert clock.set_to == [1_300.0, 1_000.5]
+
+
+def test_clock_is_never_stepped_without_root_and_a_refusal_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    not_root = FakeClock(at=1_000.0, root=False)
+    assert identity.step_clock(5_000.0, clock=not_root) is False and not_root.set_to == []
+    refused = FakeClock(at=1_000.0, refuse=True)
+    with caplog.at_level(logging.WARNING, logger=identity.__name__):
+        assert identity.step_clock(5_000.0, clock=refused) is False
+    assert refused.now() == 1_000.0
+    assert "cannot set the clock" in caplog.text
 
 
 def test_seed_identity_parses_the_provisioners_file() -> None:

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from images_fakes import write_script
-
 from agentic_sandbox.images import BuildCancelled, BuildError, ImageBuilder, Progress, Tools
 from agentic_sandbox.images.mounts import mounts_under
 from agentic_sandbox.images.process import CommandRunner
+from tests.support.fake_images import write_script
 
 
 def _alive(pid: int) -> bool:

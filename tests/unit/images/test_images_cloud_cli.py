@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from images_fakes import publish_fake
-
 from agentic_sandbox.images import ImageBuilder, ImageStore, InvalidImage
 from agentic_sandbox.images.cli import main
+from tests.support.fake_images import publish_fake
 
 REPO = Path(__file__).parents[3]
 

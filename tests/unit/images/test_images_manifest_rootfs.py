@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))
-from images_fakes import fake_manifest
 
 from agentic_sandbox.images import ImageBuilder, InvalidImage, Progress, load_recipe
 from agentic_sandbox.images.builder import _Build
@@ -29,6 +25,7 @@ from agentic_sandbox.images.rootfs import (
     seal_tree,
     tree_usage,
 )
+from tests.support.fake_images import fake_manifest
 
 
 def test_builder_writes_the_documented_manifest(tmp_path: Path) -> None:

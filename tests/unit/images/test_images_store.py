@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from images_fakes import publish_fake, write_image_files
 
 from agentic_sandbox.images import (
     BuildCancelled,
@@ -23,6 +19,7 @@ from agentic_sandbox.images import (
     Tools,
 )
 from agentic_sandbox.images.mounts import mounts_under, remove_tree
+from tests.support.fake_images import publish_fake, write_image_files
 
 NAME = "fake-0123456789ab"
 

@@ -19,8 +19,7 @@ from agentic_sandbox.fleet import (
     KernelBoot,
     Resources,
 )
-
-from .tiny_guest import TinyGuest
+from tests.support.tiny_guest import TinyGuest
 
 TICK_RE = re.compile(rb"SBX-TICK (\d+)")
 

@@ -6,6 +6,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentic_sandbox.broker.instances.pools import DONE_MARKER
+
+if TYPE_CHECKING:
+    from agentic_sandbox.broker.instances import FleetComponent
 
 NODE_XML = """<node>
   <cpu><nodes>1</nodes><sockets>1</sockets><cores>{cpus}</cores><threads>1</threads>
@@ -40,3 +46,16 @@ async def wait_for(pred: Callable[[], bool], timeout: float = 5.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or pred}")
         await asyncio.sleep(0.01)
+
+
+def golden_console_says_done(comp: FleetComponent) -> None:
+    """A warm pool's golden VM waits for cloud-init's marker on its serial console; a VM of
+    the test driver has no console, so this one says it (the second fake here)."""
+    fleet = comp.fleet
+    read = fleet.read_serial_log
+
+    async def read_serial_log(instance_id: str, offset: int = 0) -> bytes:
+        data = await read(instance_id, offset)
+        return data + DONE_MARKER if instance_id.startswith("golden-") else data
+
+    fleet.read_serial_log = read_serial_log  # type: ignore[method-assign]

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentic_sandbox.fleet import Fleet, FleetEvent
-
-from .testdriver import Faults
+from tests.support.libvirt_testdriver import Faults
 
 
 @dataclass

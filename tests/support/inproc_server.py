@@ -1,6 +1,6 @@
 """An in-process sandbox-server (foundation only: no fleet, no agent link) on a free port.
 
-Import the `running` fixture into a conftest to use it."""
+The `running` fixture is registered for every tier by `tests/conftest.py`."""
 
 from __future__ import annotations
 

@@ -83,9 +83,6 @@ class ServerProc:
         assert r.status_code == 201, r.text
         return str(r.json()["key"])
 
-    def set_instance_spec(self, instance_id: str, **spec: Any) -> None:
-        self.proc.set_instance_spec(instance_id, **spec)
-
 
 @dataclass
 class AgentProc:
@@ -94,12 +91,13 @@ class AgentProc:
     tmp: Path
     proc: AgentProcess | None = None
 
-    async def enroll_and_start(self, owner_token: str | None = None) -> None:
-        """Register the host instance (owned by `owner_token`'s subject), enroll, connect."""
+    async def enroll_and_start(self, owner_token: str | None = None, **profile: Any) -> None:
+        """Register the host instance (owned by `owner_token`'s subject, declaring `profile`:
+        skills, task runner, budgets), enroll, connect."""
         srv = self.server.proc
 
         def start() -> AgentProcess:
-            register_host_instance(srv, self.instance_id, token=owner_token)
+            register_host_instance(srv, self.instance_id, token=owner_token, **profile)
             grant = enrollment_token(srv, self.instance_id, token=owner_token)
             agent = AgentProcess(
                 srv,

@@ -1,1 +1,0 @@
-"""Shared helpers for the fleet's tests and benchmark (tiny guest, test-driver hosts)."""

@@ -1,5 +1,0 @@
-"""Fixtures: a real server and real host-side agents."""
-
-from tests.support.fixtures import agent_factory, sandbox_server
-
-__all__ = ["agent_factory", "sandbox_server"]

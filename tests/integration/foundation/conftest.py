@@ -1,5 +1,0 @@
-"""Fixtures: the in-process server."""
-
-from tests.inproc import running
-
-__all__ = ["running"]

@@ -1,5 +1,0 @@
-"""Session-tier fixtures: a real server subprocess and real agent-client processes."""
-
-from tests.support.fixtures import agent_factory, sandbox_server, server_factory
-
-__all__ = ["agent_factory", "sandbox_server", "server_factory"]
