@@ -14,16 +14,18 @@ from typing import Any
 
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_ARGV = ("bash", "-lc", "{text}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class SkillSpec(BaseModel):
-    """One skill: what the AgentCard lists and, with `command`, the argv that replaces the
-    runner's. Stored records are read leniently (unknown keys ignored); `SkillDeclaration` is the
-    request form, where an unknown key is an error."""
+    """One skill: what the AgentCard lists and, with `runner`, the argv that replaces the task
+    runner's. `runner` is the loadout schema's name (`provision.loadouts.Skill`); `command`, the
+    name host-instance registrations first used, is read as the same field.
+    Stored records are read leniently (unknown keys ignored); `SkillDeclaration` is the request
+    form, where an unknown key is an error."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -33,7 +35,9 @@ class SkillSpec(BaseModel):
     tags: list[str] = Field(default_factory=list)
     examples: list[str] = Field(default_factory=list)
     input_schema: dict[str, Any] | None = None
-    command: list[str] | None = Field(default=None, min_length=1)
+    runner: list[str] | None = Field(
+        default=None, min_length=1, validation_alias=AliasChoices("runner", "command")
+    )
 
     @field_validator("input_schema")
     @classmethod

@@ -151,7 +151,7 @@ def plan_run(
 ) -> RunPlan:
     """The argv, environment and user of a run; raises Rejection for unusable input."""
     validate_data(skill, data, has_data)
-    template = skill.command or profile.runner.argv
+    template = skill.runner or profile.runner.argv
     uses_text = any("{text}" in a for a in template)
     if uses_text and not text.strip():
         raise Rejection(f"skill {skill.id!r} needs a text part (the command to run)", "parts")
