@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +92,18 @@ def path_values(stack: Stack, path: str, real: bool) -> tuple[str, bool]:
     return url, on_alice
 
 
+def required_query(op: dict[str, Any]) -> dict[str, str]:
+    """A valid value for each required query parameter, so a cell tests the role and owner
+    checks rather than the query's validation (e.g. the files routes' `path`: one that does not
+    exist, so no cell reads, writes or removes anything)."""
+    values = {"string": "/sandbox-auth-matrix/no-such-path", "integer": "1", "number": "1", "boolean": "true"}
+    out = {}
+    for param in op.get("parameters", []):
+        if param.get("in") == "query" and param.get("required"):
+            out[param["name"]] = values.get(param.get("schema", {}).get("type", "string"), "x")
+    return out
+
+
 def openapi_cases(stack: Stack, doc: dict[str, Any], kind: str) -> list[Case]:
     cases = []
     for path, ops in doc["paths"].items():
@@ -103,6 +116,9 @@ def openapi_cases(stack: Stack, doc: dict[str, Any], kind: str) -> list[Case]:
             safe = method == "GET"
             real = safe or kind not in ("owner", "admin")
             url, on_alice = path_values(stack, path, real)
+            query = required_query(op)
+            if query:
+                url += "?" + urllib.parse.urlencode(query)
             has_body = "requestBody" in op
             cases.append(
                 Case(
