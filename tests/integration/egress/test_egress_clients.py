@@ -157,9 +157,8 @@ def test_a_viewer_may_read_but_not_replace(sandbox_server: ServerProcess, tmp_pa
             assert [r.text for r in seen.allow] == ["api.example.com:443"]
             with pytest.raises(Forbidden, match="operator role"):
                 viewer.instances.set_egress(iid, [])
-        with Client(sandbox_server.url, vic) as stranger:
-            with pytest.raises(NotFound):
-                stranger.instances.egress(iid)
+        with Client(sandbox_server.url, vic) as stranger, pytest.raises(NotFound):
+            stranger.instances.egress(iid)
         ctl = Sandboxctl(sandbox_server.url, olga_viewer, tmp_path / "cli")
         assert ctl.json("instance", "egress", iid)["network"] == "allowlist"
         res = ctl("instance", "egress", iid, "--clear")
