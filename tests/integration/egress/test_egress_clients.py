@@ -167,3 +167,19 @@ def test_a_viewer_may_read_but_not_replace(sandbox_server: ServerProcess, tmp_pa
             assert [r.text for r in owner.instances.egress(iid).allow] == ["api.example.com:443"]
     finally:
         agent.stop()
+
+
+async def test_the_openapi_document_says_both_rule_forms(sbx: AsyncClient) -> None:
+    """Input rules are text or objects (the server reads both); output rules are objects."""
+    doc = await sbx._transport.request("GET", "/api/openapi.json")
+    schemas = doc["components"]["schemas"]
+    for name in ("EgressIn", "EgressConfig"):  # the PUT, and the create request's `egress`
+        forms = schemas[name]["properties"]["allow"]["items"]["anyOf"]
+        assert [f.get("type") or f.get("$ref") for f in forms] == [
+            "string",
+            "#/components/schemas/Rule",
+        ], (name, forms)
+        assert "HOST:PORT" in forms[0]["description"]
+    assert schemas["EgressOut"]["properties"]["allow"]["items"] == {
+        "$ref": "#/components/schemas/Rule"
+    }
