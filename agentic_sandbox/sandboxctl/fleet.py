@@ -208,16 +208,19 @@ def _egress_view(policy: Egress) -> dict[str, Any]:
 
 def _bad_rules(exc: ValidationFailed, given: list[str]) -> CliError:
     """The server's refusal of a rule, with the `--allow` it came from named."""
-    lines = []
+    lines, named = [], 0
     for field, message in exc.fields.items():
         parts = field.split(".")
         if len(parts) >= 3 and parts[:2] == ["body", "allow"] and parts[2].isdigit():
             index = int(parts[2])
             if index < len(given):
                 lines.append(f"--allow {given[index]!r} ({field}): {message}")
+                named += 1
                 continue
         lines.append(f"{field}: {message}")
-    return CliError("\n".join([exc.detail, *lines]), EXIT_INVALID, exc.problem)
+    if not lines or named < len(lines):  # something besides the rules: the server's words too
+        return CliError(str(exc), EXIT_INVALID, exc.problem)
+    return CliError("\n".join(lines), EXIT_INVALID, exc.problem)
 
 
 async def instance_egress(c: AsyncClient, a: argparse.Namespace) -> None:
