@@ -26,7 +26,15 @@ import re
 from typing import Annotated, Any
 
 import idna
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 MAX_RULES = 256
 METHOD_RE = re.compile(r"^[A-Z]{1,16}$")
@@ -152,6 +160,26 @@ class Rule(BaseModel):
         return method is not None and method.upper() in self.methods
 
 
+RuleText = Annotated[
+    str,
+    StringConstraints(min_length=3, max_length=300),
+    Field(
+        title="RuleText",
+        description="`HOST:PORT[:METHOD,…]`, IPv6 literals in brackets",
+        examples=["api.example.com:443", "*.pypi.org:443", "deb.debian.org:80:GET,HEAD"],
+    ),
+]
+
+
+def _as_given(value: Any) -> Any:
+    return value  # `Rule` itself reads the text form; this only documents that it may
+
+
+RuleInput = Annotated[Rule, BeforeValidator(_as_given, json_schema_input_type=RuleText | Rule)]
+"""A rule as a caller may give it: its text form or `{host, port, methods}` (the OpenAPI
+document says both, `anyOf`); always a `Rule` once read."""
+
+
 def _split(text: str) -> dict[str, Any]:
     """`HOST:PORT[:METHODS]` with `[v6]` for IPv6 literals."""
     s = text.strip()
@@ -208,7 +236,7 @@ class EgressConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    allow: tuple[Rule, ...] = Field(default=(), max_length=MAX_RULES)
+    allow: tuple[RuleInput, ...] = Field(default=(), max_length=MAX_RULES)
     limits: EgressLimits = EgressLimits()
 
     def decide(self, host: str, port: int, method: str | None) -> Rule | None:

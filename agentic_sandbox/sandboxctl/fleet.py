@@ -12,7 +12,7 @@ import yaml
 
 from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
 from agentic_sandbox.sandboxctl.exec import instance_exec
-from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_INVALID, EXIT_OK, CliError
+from agentic_sandbox.sandboxctl.exits import EXIT_AUTH, EXIT_INVALID, EXIT_OK, EXIT_USAGE, CliError
 from agentic_sandbox.sandboxctl.files import (
     add_ls,
     add_pull,
@@ -26,10 +26,12 @@ from agentic_sandbox.sandboxctl.parsing import Nouns, kv, wait_options
 from agentic_sandbox.sdk import (
     ApiError,
     AsyncClient,
+    Egress,
     Forbidden,
     Operation,
     OperationFailed,
     Unauthorized,
+    ValidationFailed,
 )
 
 INSTANCE_COLS = ["id", "state", "agent_state", "host", "loadout", "vcpus", "memory_mib", "owner"]
@@ -179,6 +181,79 @@ async def instance_clone(c: AsyncClient, a: argparse.Namespace) -> int:
 
 async def instance_console(c: AsyncClient, a: argparse.Namespace) -> None:
     sys.stdout.write((await c.instances.console(a.id, tail=a.tail)).text)
+
+
+def _egress_view(policy: Egress) -> dict[str, Any]:
+    """The policy for a table: its fields, the rules as rows (text form first), the limits."""
+    return {
+        "instance_id": policy.instance_id,
+        "incarnation": policy.incarnation,
+        "network": policy.network,
+        "allow": [
+            {
+                "rule": r.text,
+                "host": r.host,
+                "port": r.port,
+                "methods": ", ".join(r.methods) or "any",
+            }
+            for r in policy.allow
+        ]
+        or "nothing",
+        "limits": {
+            "max_connections": policy.limits.max_connections,
+            "bandwidth_bytes_per_second": policy.limits.bandwidth_bytes_per_second or "no limit",
+        },
+    }
+
+
+def _bad_rules(exc: ValidationFailed, given: list[str]) -> CliError:
+    """The server's refusal of a rule, with the `--allow` it came from named."""
+    lines, named = [], 0
+    for field, message in exc.fields.items():
+        parts = field.split(".")
+        if len(parts) >= 3 and parts[:2] == ["body", "allow"] and parts[2].isdigit():
+            index = int(parts[2])
+            if index < len(given):
+                lines.append(f"--allow {given[index]!r} ({field}): {message}")
+                named += 1
+                continue
+        lines.append(f"{field}: {message}")
+    if not lines or named < len(lines):  # something besides the rules: the server's words too
+        return CliError(str(exc), EXIT_INVALID, exc.problem)
+    return CliError("\n".join(lines), EXIT_INVALID, exc.problem)
+
+
+async def instance_egress(c: AsyncClient, a: argparse.Namespace) -> None:
+    limit_given = a.max_connections is not None or a.bandwidth is not None
+    changing = a.allow is not None or a.clear or a.network is not None or limit_given
+    if not changing:
+        policy = await c.instances.egress(a.id)
+    else:
+        if a.allow is None and not a.clear:
+            raise CliError(
+                "a change replaces the allowlist: give its rules with --allow HOST:PORT "
+                "(repeatable), or --clear for none",
+                EXIT_USAGE,
+            )
+        if a.allow and a.clear:
+            raise CliError("--clear and --allow are each other's opposite", EXIT_USAGE)
+        limits = None
+        if limit_given:  # the API replaces the limits whole: keep the one not given
+            current = (await c.instances.egress(a.id)).limits
+            limits = {
+                "max_connections": (
+                    current.max_connections if a.max_connections is None else a.max_connections
+                ),
+                "bandwidth_bytes_per_second": (
+                    current.bandwidth_bytes_per_second if a.bandwidth is None else a.bandwidth
+                ),
+            }
+        given = list(a.allow or [])
+        try:
+            policy = await c.instances.set_egress(a.id, given, network=a.network, limits=limits)
+        except ValidationFailed as exc:
+            raise _bad_rules(exc, given) from None
+    emit(_egress_view(policy) if a.output == "table" else doc(policy), a.output)
 
 
 async def instance_ssh(c: AsyncClient, a: argparse.Namespace) -> int:
@@ -351,6 +426,27 @@ def register(nouns: Nouns) -> None:
     v = verb(g, "console", instance_console, "print the serial console log")
     v.add_argument("id")
     v.add_argument("--tail", type=int, default=200, help="lines")
+    v = verb(
+        g,
+        "egress",
+        instance_egress,
+        "show the instance's egress policy, or replace its allowlist (--allow, --clear)",
+    )
+    v.add_argument("id")
+    v.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST:PORT[:METHODS]",
+        help="a rule of the new allowlist (repeatable; it replaces all the rules)",
+    )
+    v.add_argument("--clear", action="store_true", help="replace the allowlist with no rules")
+    v.add_argument(
+        "--network", choices=["isolated", "allowlist"], help="move between these (nat is fixed)"
+    )
+    v.add_argument("--max-connections", type=int, help="connections at once (with a change)")
+    v.add_argument(
+        "--bandwidth", type=int, help="bytes per second each way, 0 for no limit (with a change)"
+    )
     v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
     exec_arguments(v)
     add_push(verb(g, "push", instance_push, "upload a file or a directory into the instance"))

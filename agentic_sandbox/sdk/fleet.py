@@ -14,6 +14,9 @@ from agentic_sandbox.sdk.files import AsyncFiles
 from agentic_sandbox.sdk.models import (
     Agent,
     Console,
+    Egress,
+    EgressLimits,
+    EgressRule,
     EnrollmentToken,
     ExecResult,
     Host,
@@ -33,8 +36,20 @@ from agentic_sandbox.sdk.operations import ADMIN, AsyncOperations, Progress, Res
 from agentic_sandbox.sdk.transport import Transport
 
 Network = Literal["isolated", "nat"]
+EgressNetwork = Literal["isolated", "allowlist"]
+RuleLike = str | EgressRule | Mapping[str, Any]
+"""A rule as `set_egress` takes it: `HOST:PORT[:METHODS]` text, an `EgressRule`, or a
+mapping `{host, port, methods}`."""
 Action = Literal["start", "stop", "restart", "force-off", "suspend", "resume"]
 DEAD_STATES = frozenset({"crashed", "lost", "failed"})
+
+
+def _rule_body(rule: RuleLike) -> str | dict[str, Any]:
+    if isinstance(rule, str):
+        return rule
+    if isinstance(rule, EgressRule):
+        return {"host": rule.host, "port": rule.port, "methods": list(rule.methods)}
+    return dict(rule)
 
 
 def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,6 +222,41 @@ class AsyncInstances(Resource):
         """The serial console log's tail (`tail` lines)."""
         return await self._t.model(
             Console, "GET", f"{ADMIN}/instances/{instance_id}/console", params={"tail": tail}
+        )
+
+    async def egress(self, instance_id: str) -> Egress:
+        """The instance's egress policy (isolated, allowlist or nat), its allowlist rules and
+        the proxy's limits for it."""
+        return await self._t.model(Egress, "GET", f"{ADMIN}/instances/{instance_id}/egress")
+
+    async def set_egress(
+        self,
+        instance_id: str,
+        allow: Sequence[RuleLike],
+        *,
+        network: EgressNetwork | None = None,
+        limits: EgressLimits | Mapping[str, int] | None = None,
+    ) -> Egress:
+        """Replace the instance's allowlist with `allow` (rules as `HOST:PORT[:METHODS]` text,
+        `EgressRule`s or `{host, port, methods}` mappings; empty: nothing allowed), effective
+        for its next connection. `network` moves it between isolated and allowlist (unset:
+        unchanged; nat cannot change while it runs, a `Conflict`); `limits` replaces the
+        limits as a whole (unset: unchanged). A bad rule is a `ValidationFailed` naming it
+        (`body.allow.N`, or `body.allow.N.host` …)."""
+        if isinstance(allow, str | bytes):
+            raise TypeError("allow is a sequence of rules, not one rule")
+        body: dict[str, Any] = {"allow": [_rule_body(r) for r in allow]}
+        if network is not None:
+            body["network"] = network
+        if isinstance(limits, EgressLimits):
+            body["limits"] = {
+                "max_connections": limits.max_connections,
+                "bandwidth_bytes_per_second": limits.bandwidth_bytes_per_second,
+            }
+        elif limits is not None:
+            body["limits"] = dict(limits)
+        return await self._t.model(
+            Egress, "PUT", f"{ADMIN}/instances/{instance_id}/egress", json_body=body
         )
 
     async def exec(

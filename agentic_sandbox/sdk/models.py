@@ -132,6 +132,44 @@ class Instance(ApiModel):
         return self.state == "running" and self.agent_state == "connected"
 
 
+class EgressRule(ApiModel):
+    """One allowed destination: a host name, `*.suffix` or an address literal, a port, and
+    the plain-HTTP methods allowed there (empty: any, and `CONNECT`)."""
+
+    __schema__ = "Rule"
+    host: str
+    port: int
+    methods: list[str] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """The rule's text form, `HOST:PORT[:METHOD,…]` (what `--allow` takes)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        tail = f":{','.join(self.methods)}" if self.methods else ""
+        return f"{host}:{self.port}{tail}"
+
+
+class EgressLimits(ApiModel):
+    """The proxy's limits for one instance: connections at once, and bytes per second each
+    way over all its connections (0: no limit)."""
+
+    __schema__ = "EgressLimits"
+    max_connections: int = 0
+    bandwidth_bytes_per_second: int = 0
+
+
+class Egress(ApiModel):
+    """An instance's egress policy (`network`: isolated, allowlist or nat), its allowlist and
+    the proxy's limits for it."""
+
+    __schema__ = "EgressOut"
+    instance_id: str
+    incarnation: str = ""
+    network: str
+    allow: list[EgressRule] = Field(default_factory=list)
+    limits: EgressLimits = Field(default_factory=EgressLimits)
+
+
 class ExecStream(ApiModel):
     __schema__ = "StreamOut"
     data: str = ""

@@ -250,6 +250,8 @@ class Instances(_Facade[AsyncInstances]):
     resume = synced(AsyncInstances.resume)
     clone = synced(AsyncInstances.clone)
     console = synced(AsyncInstances.console)
+    egress = synced(AsyncInstances.egress)
+    set_egress = synced(AsyncInstances.set_egress)
     exec = synced(AsyncInstances.exec)
     exec_stream = synced_iter(AsyncInstances.exec_stream)
     wait_ready = synced(AsyncInstances.wait_ready)

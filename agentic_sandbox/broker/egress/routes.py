@@ -23,7 +23,13 @@ from agentic_sandbox.broker.http.schemas import Input, Output
 from agentic_sandbox.broker.instances import instance_to_change, instance_to_see
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.provision.egress_rules import MAX_RULES, EgressConfig, EgressLimits, Rule
+from agentic_sandbox.provision.egress_rules import (
+    MAX_RULES,
+    EgressConfig,
+    EgressLimits,
+    Rule,
+    RuleInput,
+)
 
 api = ApiRoutes()
 EGRESS_KEY: web.AppKey[EgressService] = web.AppKey("egress_service")
@@ -42,7 +48,7 @@ class EgressIn(Input):
     network: Literal["isolated", "allowlist"] | None = Field(
         default=None, description="unset: unchanged (nat cannot be changed while it runs)"
     )
-    allow: list[Rule] = Field(
+    allow: list[RuleInput] = Field(
         max_length=MAX_RULES,
         description="rules as `HOST:PORT[:METHODS]` text or {host, port, methods}",
     )

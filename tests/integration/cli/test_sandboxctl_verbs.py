@@ -232,6 +232,18 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         Case("completion zsh", lambda: [], False, lambda out: "#compdef sandboxctl" in out),
         Case("instance list", lambda: []),
         Case("instance get", lambda: [iid]),
+        Case("instance egress", lambda: [iid]),
+        Case(
+            "instance egress",
+            lambda: [iid, "--allow", "api.example.com:443", "--allow", "*.pypi.org:443"],
+        ),
+        Case(
+            "instance egress",
+            lambda: [iid, "--allow", "*x.example:443"],
+            False,
+            lambda out: out == "",
+            code=6,
+        ),
         # (no `--`: the options after it would be the command's own)
         Case(
             "instance exec", lambda: [iid, "echo", "exec-ok"], False, lambda out: out == "exec-ok\n"
@@ -276,6 +288,7 @@ NON_FLEET_VERBS = {
     "completion zsh",
     "instance list",
     "instance get",
+    "instance egress",
     "instance exec",
     "instance push",
     "instance pull",
