@@ -96,7 +96,12 @@ def required_query(op: dict[str, Any]) -> dict[str, str]:
     """A valid value for each required query parameter, so a cell tests the role and owner
     checks rather than the query's validation (e.g. the files routes' `path`: one that does not
     exist, so no cell reads, writes or removes anything)."""
-    values = {"string": "/sandbox-auth-matrix/no-such-path", "integer": "1", "number": "1", "boolean": "true"}
+    values = {
+        "string": "/sandbox-auth-matrix/no-such-path",
+        "integer": "1",
+        "number": "1",
+        "boolean": "true",
+    }
     out = {}
     for param in op.get("parameters", []):
         if param.get("in") == "query" and param.get("required"):
