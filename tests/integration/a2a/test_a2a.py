@@ -70,7 +70,8 @@ async def test_card_resolves_with_signature_verification(stack: Stack) -> None:
 BAD_DECLARATIONS = [
     ({"skills": [{"id": "x", "name": "X"}]}, "body.skills.0.description"),
     ({"skills": [GREET_SKILL, GREET_SKILL]}, "body.skills"),
-    ({"skills": [{**GREET_SKILL, "runner": ["x"]}]}, "body.skills.0.runner"),  # loadout spelling
+    ({"skills": [{**GREET_SKILL, "runner": []}]}, "body.skills.0.runner"),
+    ({"skills": [{**GREET_SKILL, "runs": ["x"]}]}, "body.skills.0.runs"),  # an unknown key
     ({"skills": [{**GREET_SKILL, "input_schema": {"type": 7}}]}, "body.skills.0.input_schema"),
     ({"task_runner": {"argv": []}}, "body.task_runner.argv"),
     ({"task_runner": {"env": {"1BAD": "v"}}}, "body.task_runner.env"),
@@ -91,7 +92,8 @@ async def test_registration_declares_skills_and_runner_and_names_a_bad_field(
         assert r.status_code == 422, (extra, r.text)
         assert field in [e["field"] for e in r.json()["errors"]], (extra, r.json())
         assert (await stack.server.call("GET", "/api/v2/admin/agents/decl")).status_code == 404
-    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "command": ["true"]}
+    # `runner`, as a loadout spells it (`command`, the first spelling, is read the same)
+    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "runner": ["true"]}
     body = {
         "instance_id": "decl",
         "skills": [lint],
