@@ -61,10 +61,10 @@ async def test_a_host_instance_becomes_ready(
     sandbox_server: ServerProcess, sbx: AsyncClient, tmp_path: Path
 ) -> None:
     iid = unique_id("sdk-host")
-    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "command": ["true"]}
+    lint = {"id": "lint", "name": "Lint", "description": "Runs the linter", "runner": ["true"]}
     with pytest.raises(ValidationFailed) as bad:
-        await sbx.instances.register_host(iid, skills=[{**lint, "runner": ["x"]}])
-    assert "body.skills.0.runner" in str(bad.value.fields), bad.value
+        await sbx.instances.register_host(iid, skills=[{**lint, "runs": ["x"]}])
+    assert "body.skills.0.runs" in str(bad.value.fields), bad.value
     record = await sbx.instances.register_host(
         iid, description="sdk test", skills=[lint], task_runner={"argv": ["sh", "-c", "{text}"]}
     )
