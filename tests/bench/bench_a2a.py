@@ -43,18 +43,11 @@ from a2a.types import a2a_pb2 as pb  # noqa: E402
 
 from tests.support.a2a_sdk_client import a2a_client, send_request, text_message  # noqa: E402
 from tests.support.async_processes import AgentProc, ServerProc  # noqa: E402
+from tests.support.measure import pct  # noqa: E402
 
 INSTANCE = "bench-1"
 COMMAND = ["bash", "-lc", "true"]
 CONCURRENCY = (1, 8)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 class ExitWatcher:
@@ -225,8 +218,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         "tasks": len(lat),
                         "errors": err,
                         "tasks_per_s": round(len(lat) / wall, 1) if wall else 0.0,
-                        "p50_ms": round(pct(lat, 0.50) * 1000, 2),
-                        "p99_ms": round(pct(lat, 0.99) * 1000, 2),
+                        "p50_ms": round(pct(lat, 50) * 1000, 2),
+                        "p99_ms": round(pct(lat, 99) * 1000, 2),
                         "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
                     }
                 b, a = row["baseline"], row["a2a"]

@@ -34,23 +34,13 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.agents import start_agent  # noqa: E402
 from tests.support.fixtures import TEST_SERVER_ENV  # noqa: E402
+from tests.support.measure import cpu_seconds, pct  # noqa: E402
 from tests.support.netns import NamespaceHost, make_cert  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 NAME = "bench.egress.test"
 PORT = 8443
 DOWNLOAD = 64 * 1024 * 1024
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 class Paths:

@@ -37,21 +37,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.agents import start_agent  # noqa: E402
 from tests.support.fixtures import TEST_SERVER_ENV  # noqa: E402
+from tests.support.measure import cpu_seconds, own_cpu  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 MiB = 1024 * 1024
 BLOCK = MiB
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 class Measure:

@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 
 from tests.support.agents import start_agent  # noqa: E402
+from tests.support.measure import cpu_seconds, pct  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 SUBPROTOCOL = "sandbox.pty.v1"
@@ -58,19 +59,6 @@ SUBPROTOCOL = "sandbox.pty.v1"
 ECHO_CMD = ["sh", "-c", "stty raw -echo; exec cat"]
 LETTERS = b"abcdefghijklmnopqrstuvwxyz"
 RESULTS: dict[str, Any] = {}
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def ms(values: list[float]) -> dict[str, float]:
@@ -224,11 +212,11 @@ class Cpu:
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.t0 = {k: process_cpu_seconds(p) for k, p in pids.items()}
+        self.t0 = {k: cpu_seconds(p) for k, p in pids.items()}
         self.cs0 = {k: context_switches(p) for k, p in pids.items()}
 
     def done(self) -> dict[str, float]:
-        return {k: process_cpu_seconds(p) - self.t0[k] for k, p in self.pids.items()}
+        return {k: cpu_seconds(p) - self.t0[k] for k, p in self.pids.items()}
 
     def switches(self) -> dict[str, int]:
         return {k: context_switches(p) - self.cs0[k] for k, p in self.pids.items()}
@@ -809,7 +797,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         pid = server.pid
 
         def cpu() -> float:
-            return process_cpu_seconds(pid)
+            return cpu_seconds(pid)
 
         def rss_mib() -> float:
             with open(f"/proc/{pid}/status") as f:
