@@ -19,6 +19,7 @@ from agentic_sandbox.provision.pipeline import (
     ProvisionRequest,
     ProvisionResult,
     StageRecord,
+    network_refusal,
 )
 from agentic_sandbox.provision.seed import SeedFiles, read_seed_iso, write_seed_iso
 
@@ -42,6 +43,7 @@ __all__ = [
     "check_bundle",
     "extend",
     "load_catalog",
+    "network_refusal",
     "read_seed_iso",
     "write_seed_iso",
 ]

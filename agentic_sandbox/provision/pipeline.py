@@ -146,6 +146,27 @@ class StageClock:
         return [r.as_dict(self.origin) for r in self.records]
 
 
+def network_refusal(loadout: Loadout, image: BuiltImage | None, egress: EgressPolicy) -> str | None:
+    """Why a first boot of `image` with `loadout` cannot work on network `egress`, or None.
+
+    What a first boot installs (the loadout's packages; the agent runtime of a cloud image
+    that lacks it) comes from the network, and a restricted network (`isolated`, `allowlist`)
+    has none. Known from the request alone, so callers refuse it before anything is made."""
+    if not egress.restricted:
+        return None
+    if loadout.needs_network_at_boot:
+        return (
+            f"loadout {loadout.name!r} installs packages at first boot, which needs "
+            f"network 'nat' (this instance is {egress.value!r})"
+        )
+    if image is not None and image.needs_agent_runtime:
+        return (
+            f"image {image.name} is a cloud image without the agent runtime; installing it "
+            f"at first boot needs network 'nat' (this instance is {egress.value!r})"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class ProvisionRequest:
     instance_id: str
@@ -224,22 +245,16 @@ class Provisioner:
         return self._bundle
 
     def check(self, req: ProvisionRequest) -> None:
-        """Refuse requests that cannot work, before touching anything."""
-        if req.egress.restricted and req.loadout.needs_network_at_boot:
-            raise ProvisionError(
-                "placing",
-                f"loadout {req.loadout.name!r} installs packages at first boot, which needs "
-                f"network 'nat' (this instance is {req.egress.value!r})",
-            )
+        """Refuse requests that cannot work, before touching anything. (The server asks
+        `network_refusal` itself first, so that its callers get a 422 naming `network`.)"""
+        refusal = network_refusal(
+            req.loadout, req.image if req.source == "image" else None, req.egress
+        )
+        if refusal is not None:
+            raise ProvisionError("placing", refusal)
         if req.source == "image":
             if req.image is None:
                 raise ProvisionError("placing", "no image given for a cold create")
-            if req.image.needs_agent_runtime and req.egress.restricted:
-                raise ProvisionError(
-                    "placing",
-                    f"image {req.image.name} is a cloud image without the agent runtime; "
-                    "installing it at first boot needs network 'nat'",
-                )
         elif req.source == "state" and not req.state_id:
             raise ProvisionError("placing", "no saved state given for a clone")
         elif req.source == "pool" and not req.pool_key:

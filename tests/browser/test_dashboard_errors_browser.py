@@ -8,9 +8,11 @@ quotas do not meet.
 - a session revoked through the API while the page is open (the event stream ends, or the next
   call answers 401), or whose cookie runs out, returns to sign-in saying so; signing in again
   works;
-- a create that really fails (the `dev` loadout needs NAT, the instance asks for `isolated`)
-  shows the stage it failed at and the server's cause in the progress view, and "Change and
-  retry" goes back to the filled form;
+- a create the request alone refutes (the `dev` loadout installs packages at first boot, the
+  instance asks for `isolated`) is a 422 shown next to the Network field; a create that really
+  fails later (more vCPUs than any host has: refused at placement) shows the stage it failed at
+  and the server's cause in the progress view, and "Change and retry" goes back to the filled
+  form;
 - a create over the quota shows the server's 429 (its detail, Retry-After) with a Retry that
   succeeds once an instance is deleted;
 - a 5xx and a network failure on create (Playwright route interception: the only faked
@@ -206,15 +208,27 @@ def test_a_failed_create_shows_its_stage_and_cause(server: ServerProcess) -> Non
             errors = PageErrors(page)
             login(page, server.url, token)
             fill_create(page, "fay-1")
-            # the dev loadout installs packages at first boot: it needs NAT, not isolated
+            # the dev loadout installs packages at first boot: it needs NAT, not isolated; the
+            # server knows from the request and says so at the field (nothing is created)
             page.select_option("#create-loadout", "dev")
             page.select_option("#create-network", "isolated")
+            page.click("#create-submit")
+            expect(page.locator("#create-network-error")).to_contain_text("needs network 'nat'")
+            expect(page.locator("#create-network")).to_have_attribute("aria-invalid", "true")
+            expect(page.locator("#op-progress")).to_be_hidden()
+            assert (
+                server.ok("GET", "/api/v2/admin/operations?subject_id=fay-1", token=token)["items"]
+                == []
+            )
+            # more vCPUs than any host has: only placement finds out, so the operation fails
+            page.select_option("#create-loadout", "minimal")
+            page.fill("#create-cpus", "64")
             page.click("#create-submit")
             expect(page.locator("#op-progress")).to_be_visible()
             expect(page.locator("#op-state")).to_have_text("failed", timeout=30_000)
             op_error = page.locator("#op-error")
             expect(op_error).to_contain_text("Failed at stage placing: ")
-            expect(op_error).to_contain_text("nat")
+            expect(op_error).to_contain_text("no host can take the instance")
             # the server's own words, as the API has them
             ops = server.ok("GET", "/api/v2/admin/operations?subject_id=fay-1", token=token)
             (op,) = ops["items"]
@@ -238,7 +252,8 @@ def test_a_failed_create_shows_its_stage_and_cause(server: ServerProcess) -> Non
             expect(page.locator("#create-form")).to_be_visible()
             expect(page.locator("#create-id")).to_have_value("fay-1")
             expect(page.locator("#create-network")).to_have_value("isolated")
-            page.select_option("#create-loadout", "minimal")
+            expect(page.locator("#create-cpus")).to_have_value("64")
+            page.fill("#create-cpus", "1")
             page.select_option("#create-network", "")
             page.click("#create-submit")
             expect(page.locator("#op-state")).to_have_text("succeeded", timeout=30_000)

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.access import FleetGate
-from agentic_sandbox.broker.instances.errors import NotFoundError
+from agentic_sandbox.broker.instances.errors import InvalidInput, NotFoundError
 from agentic_sandbox.broker.instances.images import ImageCatalog
 from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
 from agentic_sandbox.broker.instances.provisioning import Provisioning
@@ -30,7 +30,7 @@ from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import EgressPolicy, Fleet, FleetError
 from agentic_sandbox.images import BuiltImage
-from agentic_sandbox.provision import Loadout, ProvisionError, ProvisionRequest
+from agentic_sandbox.provision import Loadout, ProvisionError, ProvisionRequest, network_refusal
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,9 @@ class WarmPools:
         built = self._images.resolve(image)
         resolved = await self._loadouts.resolve(who, loadout, version=loadout_version)
         egress = EgressPolicy(network or resolved.loadout.network)
+        refusal = network_refusal(resolved.loadout, built, egress)
+        if refusal is not None:  # every member's first boot would fail
+            raise InvalidInput("network", refusal, summary="this first boot needs network 'nat'")
 
         async def body(progress: Progress) -> dict[str, object]:
             record = await self._prepare(progress, built, resolved, egress, size)

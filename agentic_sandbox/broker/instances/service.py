@@ -33,7 +33,7 @@ from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import EgressPolicy, Fleet, Instance
 from agentic_sandbox.images import BuiltImage
-from agentic_sandbox.provision import ProvisionRequest
+from agentic_sandbox.provision import Loadout, ProvisionRequest, network_refusal
 from agentic_sandbox.provision.egress_rules import EgressConfig
 
 Source = Literal["image", "state", "pool"]
@@ -227,7 +227,9 @@ class InstanceService:
                     summary="no such pool",
                 )
             return _Plan("pool", pool_key=key)
-        return _Plan("image", image=self._images.resolve(new.image))
+        image = self._images.resolve(new.image)
+        _refuse_network(loadout, image, new.network or loadout.network)
+        return _Plan("image", image=image)
 
     async def clone(
         self,
@@ -357,3 +359,10 @@ async def _run(fleet: Fleet, action: Action, instance_id: str, grace_s: float | 
             return await fleet.suspend(instance_id)
         case Action.RESUME:
             return await fleet.resume(instance_id)
+
+
+def _refuse_network(loadout: Loadout, image: BuiltImage | None, network: str) -> None:
+    """A 422 naming `network` for a first boot that needs the network it is not given."""
+    refusal = network_refusal(loadout, image, EgressPolicy(network))
+    if refusal is not None:
+        raise InvalidInput("network", refusal, summary="this first boot needs network 'nat'")

@@ -138,7 +138,8 @@ async def test_the_instance_quota_is_per_owner(tmp_path: Path) -> None:
 
 async def test_a_failed_provision_is_abandoned(fleet: Fleet) -> None:
     """Nothing is left of it: no record, and its incarnation ended."""
-    op = await fleet.create(ADMIN, vm("fail-1", loadout="dev", network="isolated"))
+    # a host that does not exist: the fleet refuses at placing, after the record was made
+    op = await fleet.create(ADMIN, vm("fail-1", host="elsewhere"))
     assert op.state == "failed" and op.error is not None and op.error["stage"] == "placing"
     with pytest.raises(NotFoundError):
         await fleet.comp.instances.get(ADMIN, "fail-1")
@@ -146,6 +147,24 @@ async def test_a_failed_provision_is_abandoned(fleet: Fleet) -> None:
         assert await s.get(m.Instance, "fail-1") is None
     assert [e.instance_id for e in fleet.ended] == ["fail-1"]
     assert fleet.ended[0].reason.startswith("provision failed: placing: ")
+
+
+async def test_a_first_boot_that_needs_nat_is_refused_before_anything_is_made(
+    fleet: Fleet,
+) -> None:
+    """The dev loadout installs packages at first boot; on a restricted network that cannot
+    work, and the request says so: a refusal naming `network`, no record, no incarnation."""
+    for network in ("isolated", "allowlist"):
+        with pytest.raises(InvalidInput) as err:
+            await fleet.comp.instances.create(ADMIN, vm("nat-1", loadout="dev", network=network))
+        assert err.value.field == "network" and "needs network 'nat'" in err.value.detail
+        assert repr(network) in err.value.detail
+    async with fleet.r.svc.db.session() as s:
+        assert await s.get(m.Instance, "nat-1") is None
+    assert fleet.ended == []
+    assert (await fleet.create(ADMIN, vm("nat-1", loadout="dev", network="nat"))).state == (
+        "succeeded"
+    )
 
 
 async def test_an_interrupted_provision_is_cleaned_up_at_start(fleet: Fleet) -> None:
