@@ -409,6 +409,11 @@ def test_lists_that_fail_to_load_show_it_and_retry_recovers(server: ServerProces
             status=503, headers={"Retry-After": "7"}, body="Service Unavailable"
         ),
         re.compile(r"/api/v2/admin/operations\?"): lambda r: r.abort("internetdisconnected"),
+        re.compile(r"/api/v2/admin/loadouts$"): lambda r: r.fulfill(
+            status=500,
+            content_type="application/problem+json",
+            body=json.dumps({"title": "Internal Server Error", "status": 500, "detail": "no lo"}),
+        ),
     }
     with sync_playwright() as pw:
         browser = launch(pw)
@@ -436,6 +441,9 @@ def test_lists_that_fail_to_load_show_it_and_retry_recovers(server: ServerProces
                 "Could not load operations: The server cannot be reached"
             )
             expect(page.locator("#ops-running")).to_have_text("(not loaded)")
+            expect(page.locator("#loadouts-error")).to_contain_text(
+                "Could not load loadouts: The server failed (500"
+            )
             page.evaluate("() => window.scrollTo(0, 0)")
             screenshot(page, "dashboard-lists-failed.png")
 
@@ -446,13 +454,20 @@ def test_lists_that_fail_to_load_show_it_and_retry_recovers(server: ServerProces
 
             # the faults go; each Retry recovers its list
             page.unroute_all()
-            for box in ("#instances-error", "#sessions-error", "#tasks-error", "#operations-error"):
+            for box in (
+                "#instances-error",
+                "#sessions-error",
+                "#tasks-error",
+                "#operations-error",
+                "#loadouts-error",
+            ):
                 page.locator(f"{box} button.retry").click()
                 expect(page.locator(box)).to_be_empty()
             expect(page.locator('#instances tr[data-instance="lena-1"]')).to_be_visible()
             expect(page.locator("#sessions tbody")).to_contain_text("No sessions yet.")
             expect(page.locator("#tasks tbody")).to_contain_text("No tasks yet.")
             expect(page.locator("#operations li").first).to_contain_text("provision lena-1")
+            expect(page.locator('#loadouts tr[data-loadout="minimal"]')).to_be_visible()
 
             # ---- the page cannot say who is signed in: a message and a Retry, not a blank ---
             page.route("**/api/v2/admin/whoami", lambda r: r.abort("connectionrefused"))

@@ -3,6 +3,7 @@
 // this view saw active as `expected_version` — a 409 (someone moved it since) is said plainly
 // and the versions are reloaded.
 
+import { clearError, load, showError } from "/static/alerts.js";
 import { api, ApiError, enc } from "/static/api.js";
 import { $, badge, el, fillBody, fmtDateTime } from "/static/dom.js";
 
@@ -90,17 +91,12 @@ export class LoadoutsView {
   }
 
   async load() {
-    let listing;
-    try {
-      listing = await api("/api/v2/admin/loadouts");
-      $("#loadouts-error", this.root).textContent = "";
-    } catch (err) {
-      if (err instanceof ApiError && err.status === 401) return;
-      $("#loadouts-error", this.root).textContent = `Could not load loadouts: ${err.message}`;
-      return;
-    }
-    fillBody($("#loadouts tbody", this.root), listing.items.map((lo) => this.row(lo)), "No loadouts.");
-    if (this.name) await this.showVersions(this.name, { focus: false });
+    // alerts.load runs (and its Retry re-runs) the fetch and the rendering together
+    await load($("#loadouts-error", this.root), "Could not load loadouts", async () => {
+      const listing = await api("/api/v2/admin/loadouts");
+      fillBody($("#loadouts tbody", this.root), listing.items.map((lo) => this.row(lo)), "No loadouts.");
+      if (this.name) await this.showVersions(this.name, { focus: false });
+    });
   }
 
   row(lo) {
@@ -120,14 +116,15 @@ export class LoadoutsView {
     let doc;
     try {
       doc = await api(`/api/v2/admin/loadouts/${enc(name)}/versions`);
-    } catch (err) {
-      if (err instanceof ApiError && err.status === 401) return;
-      $("#lv-error", this.root).textContent = `Could not load the versions of ${name}: ${err.message}`;
+    } catch (err) { // (not alerts.load: a success must not clear what an activation said)
+      showError($("#lv-error", this.root), err, {
+        what: `Could not load the versions of ${name}`, retry: () => this.showVersions(name), always: true,
+      });
       return;
     }
     if (this.name !== name) { // another loadout: what was said about the last one goes
       $("#lv-message", this.root).textContent = "";
-      $("#lv-error", this.root).textContent = "";
+      clearError($("#lv-error", this.root));
       $("#lv-diff", this.root).hidden = true;
     }
     this.name = name;
@@ -169,7 +166,7 @@ export class LoadoutsView {
     const message = $("#lv-message", this.root);
     const error = $("#lv-error", this.root);
     message.textContent = "";
-    error.textContent = "";
+    clearError(error);
     try {
       await api(`/api/v2/admin/loadouts/${enc(name)}/activate`, {
         method: "POST", body: { version, expected_version: expected },
@@ -184,7 +181,7 @@ export class LoadoutsView {
           "The versions are reloaded; check them and try again.";
         error.dataset.code = "conflict";
       } else {
-        error.textContent = `Could not activate version ${version}: ${err instanceof ApiError ? err.describe() : err.message}`;
+        showError(error, err, { what: `Could not activate version ${version}` });
         error.dataset.code = "error";
       }
     }
@@ -196,15 +193,13 @@ export class LoadoutsView {
     const b = $("#lv-diff-b", this.root).value;
     const resolved = $("#lv-diff-resolved", this.root).checked;
     const out = $("#lv-diff", this.root);
-    let docs;
-    $("#lv-error", this.root).textContent = "";
-    try {
-      docs = await Promise.all([a, b].map((v) => api(`/api/v2/admin/loadouts/${enc(this.name)}/versions/${enc(v)}`)));
-    } catch (err) {
-      if (err instanceof ApiError && err.status === 401) return;
-      $("#lv-error", this.root).textContent = `Could not compare: ${err.message}`;
-      return;
-    }
+    await load($("#lv-error", this.root), "Could not compare", async () => {
+      const docs = await Promise.all([a, b].map((v) => api(`/api/v2/admin/loadouts/${enc(this.name)}/versions/${enc(v)}`)));
+      this.renderDiff(out, a, b, resolved, docs);
+    });
+  }
+
+  renderDiff(out, a, b, resolved, docs) {
     const text = (d) => stableJson(resolved ? d.resolved : { spec: d.spec, extends: d.extends });
     const lines = lineDiff(text(docs[0]), text(docs[1]));
     const changed = lines.filter((l) => l.op !== " ").length;
