@@ -63,6 +63,10 @@ function onEvent(ev) {
   if (family === "agent" || family === "session") app.refresh.sessions();
   if (family === "task") { tasks.onEvent(ev); app.refresh.tasks(); }
   if (family === "operation") { create.onEvent(ev); app.refresh.operations(); }
+  if (family === "egress") {
+    instances.egress.onEvent(ev);
+    if (ev.type === "egress.rules.changed") app.refresh.instances(); // the policy may have changed
+  }
   if (family === "instance" && ev.instance_id && ev.instance_id === instances.selected && /snapshot/.test(ev.type)) {
     instances.loadSnapshots();
   }
