@@ -39,7 +39,7 @@ from tests.browser.browser_support import (
     require_browser,
     screenshot,
 )
-from tests.support.agents import AgentProcess, start_agent
+from tests.support.agents import AgentProcess, register_host_instance, start_agent
 from tests.support.fixtures import TEST_SERVER_ENV
 from tests.support.server import ServerProcess, free_port
 
@@ -372,6 +372,39 @@ def test_a_viewer_lists_and_downloads_but_has_no_changing_controls(world: World)
             for remove in page.locator("#iv-egress .eg-remove").all():
                 expect(remove).to_be_hidden()
             screenshot(page, "dashboard-tools-viewer.png")
+            errors.check()
+        finally:
+            browser.close()
+
+
+def test_an_instance_without_its_agent_says_so_in_each_tool(world: World) -> None:
+    """No agent connected: the file list and a command say the server's 503 (not a blank table
+    or a box stuck at "running"); the egress policy, kept by the server, still shows."""
+    from playwright.sync_api import expect, sync_playwright
+
+    server = world.server
+    register_host_instance(server, "tools-absent")
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_context(viewport={"width": 1500, "height": 1600}).new_page()
+            errors = PageErrors(page)
+            login(page, server.url, server.admin_token)
+            page.locator('#instances tr[data-instance="tools-absent"] button.open-instance').click()
+            error = page.locator("#fb-error")
+            expect(error).to_contain_text("Could not list /")
+            expect(error).to_contain_text("503")
+            expect(error).to_contain_text("not connected")
+            expect(error.locator("button.retry")).to_be_visible()
+            expect(page.locator("#fb-table tbody")).to_contain_text("Not listed")
+            expect(page.locator("#eg-network-now")).not_to_be_empty()
+            page.fill("#ex-argv", "true")
+            page.click("#ex-form button[type=submit]")
+            expect(page.locator("#ex-error")).to_contain_text("Could not run true")
+            expect(page.locator("#ex-error")).to_contain_text("503")
+            expect(page.locator("#ex-result")).to_be_hidden()
+            expect(page.locator("#ex-argv")).to_be_enabled()  # ready for another try
+            screenshot(page, "dashboard-tools-no-agent.png")
             errors.check()
         finally:
             browser.close()

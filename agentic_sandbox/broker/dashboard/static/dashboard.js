@@ -53,6 +53,7 @@ function refreshAll() {
   app.refresh.tasks.now();
   app.refresh.operations.now();
   instances.loadSnapshots();
+  if (instances.selected) instances.egress.loadEvents(); // events the feed may have missed
 }
 
 // ---- live events → views ---------------------------------------------------------------------

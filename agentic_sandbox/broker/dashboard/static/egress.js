@@ -184,7 +184,9 @@ export class EgressPanel {
         after = page.items[page.items.length - 1].seq;
       }
     } catch (err) {
-      if (id === this.instance) showError(error, err, { what: "Could not read the egress events", retry: () => this.loadEvents(), always: true });
+      if (id !== this.instance) return;
+      showError(error, err, { what: "Could not read the egress events", retry: () => this.loadEvents(), always: true });
+      if (!this.events.length) fillBody(this.q("#eg-events tbody"), [], "Not loaded: see the message above.");
       return;
     }
     if (id !== this.instance) return;

@@ -50,6 +50,7 @@ export class FileBrowser {
     this.items = [];
     this.lastPath = new Map(); // instance → the directory last shown there
     this.transfer = null; // the running upload's AbortController
+    this.shown = null; // the instance whose listing the table holds
     this.build();
   }
 
@@ -116,10 +117,13 @@ export class FileBrowser {
     } catch (err) {
       if (id !== this.instance) return;
       showError(error, err, { what: `Could not list ${path}`, retry: () => this.list(path), always: true });
+      // nothing of this instance listed yet: say so in the table, not "Loading…"
+      if (this.shown !== id) fillBody(this.q("#fb-table tbody"), [], "Not listed: see the message above.");
       return;
     }
     if (id !== this.instance) return;
     clearError(error);
+    this.shown = id;
     this.path = path;
     this.lastPath.set(id, path);
     this.root.dataset.path = path;
