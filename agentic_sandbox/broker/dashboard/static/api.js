@@ -154,4 +154,42 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
   }
 }
 
+/** Send `blob` as the raw body of a PUT (a file upload) and resolve to the parsed JSON answer.
+ * XMLHttpRequest, not fetch: only it reports upload progress (`onProgress(sent, total)`). The
+ * same cookie, CSRF header and ApiError as api(); the body is always sent as
+ * application/octet-stream (a browser would label a .tar file application/x-tar, which the files
+ * API unpacks as a directory). No overall deadline — a big file takes as long as it takes —
+ * the caller's `signal` cancels (rejecting with an AbortError). */
+export function upload(path, blob, { method = "PUT", signal, onProgress } = {}) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open(method, path);
+    xhr.setRequestHeader("Content-Type", "application/octet-stream");
+    if (csrfToken) xhr.setRequestHeader("X-CSRF-Token", csrfToken);
+    xhr.upload.onprogress = (ev) => { if (onProgress) onProgress(ev.loaded, ev.lengthComputable ? ev.total : blob.size); };
+    xhr.onload = () => {
+      const type = xhr.getResponseHeader("Content-Type") || "";
+      let doc = null;
+      if (type.includes("json")) { try { doc = JSON.parse(xhr.responseText); } catch (_) { /* below */ } }
+      if (xhr.status >= 200 && xhr.status < 300) { resolve(doc); return; }
+      const err = new ApiError(xhr.status, doc || { title: xhr.statusText, detail: xhr.statusText || `HTTP ${xhr.status}` }, {
+        retryAfter: seconds(xhr.getResponseHeader("Retry-After")),
+        requestId: xhr.getResponseHeader("X-Request-Id"),
+      });
+      if (xhr.status === 401) unauthorizedListeners.forEach((fn) => fn(err));
+      reject(err);
+    };
+    xhr.onerror = () => reject(new ApiError(0, {
+      title: "network",
+      detail: "the upload was cut off: the server cannot be reached, or it closed the connection before the body was sent (a refusal, e.g. over its upload size limit)",
+    }, { kind: "network" }));
+    xhr.onabort = () => reject(new DOMException("the upload was canceled", "AbortError"));
+    if (signal) {
+      if (signal.aborted) { reject(new DOMException("the upload was canceled", "AbortError")); return; }
+      signal.addEventListener("abort", () => xhr.abort(), { once: true });
+    }
+    xhr.send(blob);
+  });
+}
+
 export const enc = encodeURIComponent;

@@ -53,6 +53,7 @@ function refreshAll() {
   app.refresh.tasks.now();
   app.refresh.operations.now();
   instances.loadSnapshots();
+  if (instances.selected) instances.egress.loadEvents(); // events the feed may have missed
 }
 
 // ---- live events → views ---------------------------------------------------------------------
@@ -63,6 +64,10 @@ function onEvent(ev) {
   if (family === "agent" || family === "session") app.refresh.sessions();
   if (family === "task") { tasks.onEvent(ev); app.refresh.tasks(); }
   if (family === "operation") { create.onEvent(ev); app.refresh.operations(); }
+  if (family === "egress") {
+    instances.egress.onEvent(ev);
+    if (ev.type === "egress.rules.changed") app.refresh.instances(); // the policy may have changed
+  }
   if (family === "instance" && ev.instance_id && ev.instance_id === instances.selected && /snapshot/.test(ev.type)) {
     instances.loadSnapshots();
   }

@@ -1,9 +1,12 @@
 // Instances: the list (state, agent state, host), the instance view (facts, lifecycle actions,
-// its sessions, its snapshots) and the snapshot dialog.
+// its sessions, its snapshots, its files, a run-command box, its egress) and the snapshot dialog.
 
 import { clearError, load, showError } from "/static/alerts.js";
 import { api, enc } from "/static/api.js";
 import { $, badge, confirmAction, el, fillBody, fmtDateTime, fmtMiB, openDialog, ago } from "/static/dom.js";
+import { EgressPanel } from "/static/egress.js";
+import { RunBox } from "/static/exec.js";
+import { FileBrowser } from "/static/files.js";
 import { createSession, sessionRow } from "/static/sessions.js";
 
 // Which lifecycle actions make sense in which state (the server has the final word).
@@ -33,6 +36,9 @@ export class InstancesView {
     this.items = [];
     this.selected = null;
     this.loaded = false;
+    this.files = new FileBrowser(app, $("#iv-files"));
+    this.runBox = new RunBox(app, $("#iv-exec"));
+    this.egress = new EgressPanel(app, $("#iv-egress"));
     $("#instances-refresh").addEventListener("click", () => this.load());
     $("#iv-close").addEventListener("click", () => this.select(null));
     for (const btn of document.querySelectorAll("#iv-actions [data-action]")) {
@@ -107,7 +113,8 @@ export class InstancesView {
     if (inst) this.renderFacts(inst);
     view.scrollIntoView({ block: "nearest" });
     $("#iv-title").focus({ preventScroll: true });
-    await Promise.all([this.loadSessions(), this.loadSnapshots()]);
+    this.runBox.open(id);
+    await Promise.all([this.loadSessions(), this.loadSnapshots(), this.files.open(id), this.egress.open(id)]);
   }
 
   gone() {
