@@ -4,6 +4,7 @@
 #   scripts/test.sh unit postgres   just those tiers
 # SANDBOX_SKIP_TIERS=e2e,browser opts tiers out explicitly (they are reported as skipped, loudly).
 # Extra pytest arguments: PYTEST_ARGS="-x -k name".
+# The e2e tier runs in two lanes at once (SANDBOX_E2E_LANES=1: one after the other), see tier_e2e.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,38 @@ tier_lint() {
 tier_unit() { run_pytest tests/unit; }
 tier_integration() { run_pytest tests/integration; }
 tier_browser() { run_pytest tests/browser; }
-tier_e2e() { run_pytest tests/e2e; }
+# Two pytest processes side by side (lane a in the background, with Ctrl-C as in the foreground),
+# each in its own log, printed when both are done; non-zero when either fails.
+# SANDBOX_E2E_LANES=1 runs them one after the other instead.
+run_lanes() {
+  local name=$1 a=$2 b=$3 pa rc=0 log
+  local -a logs=("tests/artifacts/e2e-$name-a.log" "tests/artifacts/e2e-$name-b.log")
+  if [ "${SANDBOX_E2E_LANES:-2}" = 1 ]; then
+    run_pytest $a || rc=1
+    run_pytest $b || rc=1
+    return $rc
+  fi
+  echo "-- e2e $name, lane a: $a"
+  echo "-- e2e $name, lane b:" $b
+  (trap - INT QUIT; run_pytest $a) >"${logs[0]}" 2>&1 &
+  pa=$!
+  run_pytest $b >"${logs[1]}" 2>&1 || rc=1
+  wait $pa || rc=1
+  for log in "${logs[@]}"; do echo "-- ${log}:"; cat "$log"; done
+  return $rc
+}
+# A TCG guest (1 vCPU) keeps one core busy: on 2 cores two lanes of guests take about the time
+# of one. First the fleet tier (it restarts the main libvirtd: nothing else may use it then)
+# beside the images tier (its build and its QEMU boot need no libvirtd; later lanes find the
+# image in the cache); then everything else in two lanes. A new e2e file joins the last lane.
+tier_e2e() {
+  local rc=0
+  run_lanes first tests/e2e/fleet tests/e2e/images || rc=1
+  run_lanes then "tests/e2e/provision/test_provision_e2e.py tests/e2e/exec" \
+    "tests/e2e --ignore=tests/e2e/fleet --ignore=tests/e2e/images
+     --ignore=tests/e2e/provision/test_provision_e2e.py --ignore=tests/e2e/exec" || rc=1
+  return $rc
+}
 tier_postgres() {
   local dir rc
   dir=$(mktemp -d /tmp/sandbox-pg.XXXXXX)

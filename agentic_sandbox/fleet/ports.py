@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 
@@ -19,14 +20,17 @@ def _bindable(port: int) -> bool:
 
 class PortAllocator:
     """Hands out ports from ``[low, high]``. ``probe_local``: also skip ports in use on this
-    machine (true for hosts whose loopback is this machine's)."""
+    machine (true for hosts whose loopback is this machine's). Such a machine may run several
+    fleets (a server and `provision-vm.sh --no-server`, parallel test lanes): each starts at a
+    random point of the range, so two of them rarely probe the same free port in the moment
+    before either QEMU binds it."""
 
     def __init__(self, low: int, high: int, *, probe_local: bool) -> None:
         self.low, self.high = low, high
         self.probe_local = probe_local
         self._used: set[int] = set()
         self._lock = threading.Lock()
-        self._next = low
+        self._next = low + random.randrange(high - low + 1) if probe_local else low
 
     def claim(self, port: int) -> None:
         """Mark a port as taken (an instance found in libvirt uses it)."""

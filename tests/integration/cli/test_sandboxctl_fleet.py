@@ -6,7 +6,8 @@ nested values as readable sub-tables.
 Two fakes: the server's image builder publishes a small fake image at once instead of running
 debootstrap (real builds are the e2e tier's), and a warm pool's golden VM "prints" cloud-init's
 marker on its console; everything else — the CLI process, the HTTP API, the operations, the
-fleet on libvirt's test driver — is real.
+fleet on libvirt's test driver — is real. (The global-options test runs most verbs' `main()`
+in this process, the same argv and environment as a `sandboxctl` process; two stay processes.)
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             Case(
                 "instance create",
                 lambda: [f"pos-new-{next(names)}", "--memory", "256", "--disk", "2"],
+                process=True,
             ),
             Case("instance start", fresh_vm("force-off")),
             Case("instance stop", fresh_vm()),
@@ -273,7 +275,8 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             Case("instance revert", lambda: [src, "base"]),
             Case("instance clone", lambda: [src, f"pos-c{next(names)}", "--snapshot", "base"]),
             Case("instance console", lambda: [src], False),
-            Case("instance ssh", lambda: [src, "true"], False, code=255),  # nothing listens
+            # (a process: it execs ssh; nothing listens)
+            Case("instance ssh", lambda: [src, "true"], False, code=255, process=True),
             Case("operation get", lambda: [first_op.id]),
             Case("operation cancel", lambda: [first_op.id]),
             Case("pool create", lambda: ["--size", "1"]),

@@ -178,11 +178,15 @@ class Case:
     json_out: bool = True
     check: Callable[[str], bool] | None = None  # for text output
     code: int = 0
+    # a `sandboxctl` process per run; else main() in this process, the same argv and
+    # environment (a process start is ~1 s; each list keeps a verb or two as processes)
+    process: bool = False
 
 
 async def run_both_ways(ctl: Sandboxctl, url: str, case: Case) -> None:
     """$SANDBOX_URL points at a dead port: only a --server that the verb honours reaches
     the server; -o json must give JSON (or the verb's own text) in both positions."""
+    run = ctl.run_async if case.process else ctl.run_inprocess_async
     opts = ["--server", url, "-o", "json"]
     words = case.verb.split()
     shapes = []
@@ -190,7 +194,7 @@ async def run_both_ways(ctl: Sandboxctl, url: str, case: Case) -> None:
         args = case.args()
         args = await args if inspect.isawaitable(args) else args
         argv = [*opts, *words, *args] if before else [*words, *args, *opts]
-        code, out, err = await ctl.run_async(*argv)
+        code, out, err = await run(*argv)
         assert code == case.code, (argv, out, err)
         if case.json_out:
             lines = out.splitlines() if case.verb == "event tail" else [out]
@@ -226,7 +230,7 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
     done_task = sdk.tasks.send(iid, "echo done")
     sdk.tasks.wait(done_task.id, timeout=60)
     return [
-        Case("whoami", lambda: []),
+        Case("whoami", lambda: [], process=True),
         Case("config get-contexts", lambda: []),
         Case("completion bash", lambda: [], False, lambda out: "_shtab_sandboxctl" in out),
         Case("completion zsh", lambda: [], False, lambda out: "#compdef sandboxctl" in out),
@@ -246,7 +250,11 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         ),
         # (no `--`: the options after it would be the command's own)
         Case(
-            "instance exec", lambda: [iid, "echo", "exec-ok"], False, lambda out: out == "exec-ok\n"
+            "instance exec",
+            lambda: [iid, "echo", "exec-ok"],
+            False,
+            lambda out: out == "exec-ok\n",
+            process=True,
         ),
         Case("instance push", lambda: [iid, str(pushed), str(tmp_path / f"pushed-{next(names)}")]),
         Case("instance pull", lambda: [iid, str(pushed), str(tmp_path / f"pulled-{next(names)}")]),
