@@ -4,7 +4,8 @@
 #   scripts/test.sh unit postgres   just those tiers
 # SANDBOX_SKIP_TIERS=e2e,browser opts tiers out explicitly (they are reported as skipped, loudly).
 # Extra pytest arguments: PYTEST_ARGS="-x -k name".
-# The e2e tier runs in two lanes at once (SANDBOX_E2E_LANES=1: one after the other), see tier_e2e.
+# The integration and e2e tiers run in two lanes at once (SANDBOX_TEST_LANES=1: one after the
+# other), see run_lanes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,21 +30,20 @@ tier_lint() {
     && .venv/bin/lint-imports
 }
 tier_unit() { run_pytest tests/unit; }
-tier_integration() { run_pytest tests/integration; }
 tier_browser() { run_pytest tests/browser; }
 # Two pytest processes side by side (lane a in the background, with Ctrl-C as in the foreground),
 # each in its own log, printed when both are done; non-zero when either fails.
-# SANDBOX_E2E_LANES=1 runs them one after the other instead.
+# SANDBOX_TEST_LANES=1 runs them one after the other instead.
 run_lanes() {
   local name=$1 a=$2 b=$3 pa rc=0 log
-  local -a logs=("tests/artifacts/e2e-$name-a.log" "tests/artifacts/e2e-$name-b.log")
-  if [ "${SANDBOX_E2E_LANES:-2}" = 1 ]; then
+  local -a logs=("tests/artifacts/lane-$name-a.log" "tests/artifacts/lane-$name-b.log")
+  if [ "${SANDBOX_TEST_LANES:-2}" = 1 ]; then
     run_pytest $a || rc=1
     run_pytest $b || rc=1
     return $rc
   fi
-  echo "-- e2e $name, lane a: $a"
-  echo "-- e2e $name, lane b:" $b
+  echo "-- $name, lane a:" $a
+  echo "-- $name, lane b:" $b
   (trap - INT QUIT; run_pytest $a) >"${logs[0]}" 2>&1 &
   pa=$!
   run_pytest $b >"${logs[1]}" 2>&1 || rc=1
@@ -55,10 +55,17 @@ run_lanes() {
 # of one. First the fleet tier (it restarts the main libvirtd: nothing else may use it then)
 # beside the images tier (its build and its QEMU boot need no libvirtd; later lanes find the
 # image in the cache); then everything else in two lanes. A new e2e file joins the last lane.
+# Most integration tests wait on real processes (servers, agents, PTYs) more than they compute:
+# two lanes; a new directory joins lane b.
+tier_integration() {
+  local -a a=(sessions foundation cli fleet)
+  run_lanes integration "${a[*]/#/tests/integration/}" \
+    "tests/integration ${a[*]/#/--ignore=tests/integration/}"
+}
 tier_e2e() {
   local rc=0
-  run_lanes first tests/e2e/fleet tests/e2e/images || rc=1
-  run_lanes then "tests/e2e/provision/test_provision_e2e.py tests/e2e/exec" \
+  run_lanes e2e-first tests/e2e/fleet tests/e2e/images || rc=1
+  run_lanes e2e-then "tests/e2e/provision/test_provision_e2e.py tests/e2e/exec" \
     "tests/e2e --ignore=tests/e2e/fleet --ignore=tests/e2e/images
      --ignore=tests/e2e/provision/test_provision_e2e.py --ignore=tests/e2e/exec" || rc=1
   return $rc
