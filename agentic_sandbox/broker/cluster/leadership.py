@@ -106,8 +106,12 @@ class Elector:
         """Unlock (a follower takes over at once) and close. Call after the last write."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("the elector failed")
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -211,14 +215,15 @@ class Elector:
         await conn.execute(stmt.on_conflict_do_update(index_elements=[NODES.name], set_=values))
 
     async def _watch(self) -> None:
-        while not self._lost:
+        while not self._lost:  # (a fenced write also ends it)
             await asyncio.sleep(self._watchdog)
             try:
                 conn = await self._connection_alive()
                 await asyncio.wait_for(self._heartbeat(conn), self._watchdog_timeout)
             except Exception as exc:
                 self._lose(f"the leadership lock's connection failed ({type(exc).__name__}: {exc})")
-                return
+        # Whatever state the lock is in, let it go: another node may lead at once.
+        await self._drop_connection()
 
     async def _connection_alive(self) -> AsyncConnection:
         conn = self._conn
