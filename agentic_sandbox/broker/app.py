@@ -23,6 +23,7 @@ from agentic_sandbox.broker.auth.streams import LiveStreams
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.dashboard import DashboardAssetsMissing, install_dashboard
 from agentic_sandbox.broker.http import health
+from agentic_sandbox.broker.http.leader import leader_middleware
 from agentic_sandbox.broker.http.middleware import (
     auth_middleware,
     request_context_middleware,
@@ -87,8 +88,11 @@ async def build_services(settings: Settings) -> Services:
             f"{type(reason).__name__}: {reason}"
         ) from exc
     metrics = Metrics()
+    # With several nodes (PostgreSQL) the bus waits on standby until this node leads.
     events = EventBus(
-        SqlEventLog(db, retention=settings.events_retention), ring_size=settings.events_ring_size
+        SqlEventLog(db, retention=settings.events_retention),
+        ring_size=settings.events_ring_size,
+        standby=db.dialect != "sqlite",
     )
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)
@@ -116,7 +120,7 @@ async def build_services(settings: Settings) -> Services:
         writers=[events.writer, audit.writer],
     )
     provide_writer_metrics(metrics, svc.writers)
-    svc.readiness["storage"] = StorageHealth(db, data_dir).check
+    svc.readiness["storage"] = StorageHealth(db, data_dir, settings.node_name).check
     svc.incarnations.on_end("api-keys and shares", svc.auth.end_incarnation)
     svc.incarnations.on_end("secret bindings", svc.vault.end_incarnation)
     metrics.build_info.labels(health.VERSION).set(1)
@@ -133,6 +137,7 @@ def create_app(svc: Services, components: list[Component]) -> web.Application:
             request_context_middleware,
             problem_middleware,
             security_headers_middleware,
+            leader_middleware,
             auth_middleware,
         ],
         client_max_size=svc.settings.max_body_bytes,

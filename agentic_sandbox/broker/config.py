@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import socket
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -34,6 +35,10 @@ class EventLoop(StrEnum):
     auto = "auto"
     asyncio = "asyncio"
     uvloop = "uvloop"
+
+
+def default_node_name() -> str:
+    return socket.gethostname().split(".", 1)[0] or "node"
 
 
 def default_data_dir() -> Path:
@@ -68,6 +73,14 @@ class Settings(BaseSettings):
     http_listen: str = "127.0.0.1:8122"
     grpc_listen: str = "127.0.0.1:8120"
     database_url: str | None = None
+    node_name: str = Field(
+        default_factory=default_node_name,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="this control host's name among the nodes sharing one PostgreSQL "
+        "(default: the host name); letters, digits, '.', '_' and '-'",
+    )
     libvirt_uri: str = Field(
         default="qemu:///system",
         description="libvirt URI of the local host; empty disables libvirt (no fleet)",

@@ -79,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     from agentic_sandbox.broker.app import StartupError
     from agentic_sandbox.broker.server import Server
 
+    exit_code = 0
+
     async def serve() -> None:
-        await Server(settings).run_forever()
+        nonlocal exit_code
+        exit_code = await Server(settings).run_forever()
 
     try:
         _run(serve, settings)
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("broker").exception("start-up failed")
         print(f"sandbox-server: start-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":

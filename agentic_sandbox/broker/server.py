@@ -3,6 +3,12 @@
 Start-up: migrate the store, make the bootstrap admin token if none exists, start components,
 listen. Shutdown on SIGTERM/SIGINT: stop accepting, drain in-flight requests for up to
 `shutdown_grace_seconds`, close streams (WebSockets, SSE, agent links), flush events and audit.
+
+Roles (`broker/cluster/`): on SQLite the server owns its data dir (`server.lock`) and leads at
+once. On PostgreSQL it listens for HTTP as a follower (serving the `follower=True` routes,
+redirecting the rest) and starts its components — today's order — once it is elected; losing
+leadership ends the process with `EXIT_LOST_LEADERSHIP` (a supervisor restarts it as a
+follower). A graceful stop flushes every write, then unlocks, so a follower takes over at once.
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ from agentic_sandbox.broker.app import (
     create_app,
     token_file_message,
 )
+from agentic_sandbox.broker.cluster import (
+    DataDirBusy,
+    Elector,
+    Leadership,
+    NodeInfo,
+    Role,
+    SingleNode,
+)
 from agentic_sandbox.broker.config import MetricsAccess, Settings
+from agentic_sandbox.broker.http import health
 from agentic_sandbox.broker.http.connections import ConnectionCap, http_timeouts
 from agentic_sandbox.broker.observability.component import StoreGauges
 from agentic_sandbox.broker.observability.routes import metrics_app
@@ -34,6 +49,7 @@ from agentic_sandbox.broker.services import Services
 log = logging.getLogger(__name__)
 
 ComponentFactory = Callable[[Services], list[Component]]
+EXIT_LOST_LEADERSHIP = 75  # EX_TEMPFAIL: this node stopped leading; restart it as a follower
 
 
 def default_components(svc: Services) -> list[Component]:
@@ -53,17 +69,89 @@ class Server:
         self.components: list[Component] = []
         self._runners: list[web.AppRunner] = []
         self._stopped = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self.exit_code = 0
+        self.cluster: Leadership | None = None
+        self._started: list[Component] = []
+        self._leading: asyncio.Task[None] | None = None
+        self.leading = asyncio.Event()  # set once this node's components run (it leads)
         # One cap for both listeners: an address's connections count together.
         self.connections = ConnectionCap(settings.http_max_connections_per_address)
 
     async def start(self) -> Services:
-        svc = self.svc = await build_services(self.settings)
-        token_path = await svc.auth.ensure_bootstrap_admin(self.settings.effective_admin_token_file)
+        s = self.settings
+        me = NodeInfo(s.node_name, s.effective_public_url, s.grpc_listen, health.VERSION)
+        single = s.effective_database_url.startswith("sqlite")
+        if single:  # before the database is opened: a second server stops here
+            self.cluster = SingleNode(me, s.data_dir)
+            try:
+                await self.cluster.start()
+            except DataDirBusy as exc:
+                raise StartupError(str(exc)) from None
+        svc = self.svc = await build_services(s)
+        if not single:
+            self.cluster = Elector(svc.db, me)
+            self.cluster.on_lost(self._lost_leadership)
+            svc.leading = False
+            svc.readiness["leadership"] = self._leadership_check
+        assert self.cluster is not None
+        svc.cluster = self.cluster
+        async with svc.db.exclusively():  # nodes starting together make one token
+            token_path = await svc.auth.ensure_bootstrap_admin(s.effective_admin_token_file)
         # The foundation's own components first, then the layers built on it.
         self.components = [StoreGauges(svc), *self._component_factory(svc)]
         app = create_app(svc, self.components)
+        if single:
+            await self._lead()
+        else:
+            await self.cluster.start()
+        await self._listen(app, svc)
+        if not single:
+            self._leading = asyncio.create_task(self._lead_when_elected(), name="lead")
+        self._banner(token_path)
+        return svc
+
+    async def _lead(self) -> None:
+        """This node leads: take the event sequence over and start every component."""
+        assert self.svc is not None
+        await self.svc.events.lead()
         for component in self.components:
             await component.start()
+            self._started.append(component)
+        self.svc.leading = True
+        self.leading.set()
+
+    async def _lead_when_elected(self) -> None:
+        assert self.cluster is not None
+        await self.cluster.elected()
+        try:
+            await self._lead()
+        except Exception:
+            log.exception("starting as the leader failed")
+            self.exit_code = 1
+            self._stop_requested.set()
+            return
+        log.info("serving as the leader", extra={"term": self.cluster.term})
+
+    async def _leadership_check(self) -> tuple[bool, str]:
+        """Ready as a follower (it serves reads) or as a leader whose components run; not
+        while an elected node is still starting them."""
+        assert self.cluster is not None and self.svc is not None
+        c = self.cluster
+        if c.role is Role.leader:
+            if self.svc.leading:
+                return True, f"leader of term {c.term}"
+            return False, f"elected (term {c.term}); starting the leader's components"
+        if c.leader is None:
+            return True, "follower; no node leads right now"
+        return True, f"follower of {c.leader.node} ({c.leader.url}), term {c.term}"
+
+    def _lost_leadership(self, reason: str) -> None:
+        log.error("stepping down (exit %d): %s", EXIT_LOST_LEADERSHIP, reason)
+        self.exit_code = EXIT_LOST_LEADERSHIP
+        self._stop_requested.set()
+
+    async def _listen(self, app: web.Application, svc: Services) -> None:
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -94,8 +182,6 @@ class Server:
             mhost, mport = self.settings.metrics_address
             await web.TCPSite(mrunner, mhost, mport, reuse_address=True).start()
             self._runners.append(mrunner)
-        self._banner(token_path)
-        return svc
 
     def _banner(self, token_path: object) -> None:
         s = self.settings
@@ -107,18 +193,29 @@ class Server:
             f"  admin API:   {url}/api/v2/admin/  (OpenAPI: {url}/api/openapi.json)",
             f"  agent link:  {s.grpc_listen} (gRPC, mTLS)",
             f"  data dir:    {s.data_dir} ({db})",
+            f"  node:        {self._role_line()}",
             "  " + token_file_message(token_path if token_path else None, s),  # type: ignore[arg-type]
         ]
         print("\n".join(lines), file=sys.stdout, flush=True)
         log.info("server started", extra={"http": s.http_listen, "grpc": s.grpc_listen})
 
+    def _role_line(self) -> str:
+        s, cluster = self.settings, self.cluster
+        if cluster is None or cluster.role is Role.single:
+            return f"{s.node_name}, single-node (SQLite: this server owns the data dir)"
+        return f"{s.node_name}, one of several on PostgreSQL (leads when elected)"
+
     async def stop(self) -> None:
         log.info("shutting down")
+        if self._leading is not None:
+            self._leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leading
         for runner in self._runners[1:]:
             await runner.cleanup()
         # Stop components first so long-lived streams (WebSockets, SSE, agent links) end and
         # do not hold the drain open; then let in-flight requests finish.
-        for component in reversed(self.components):
+        for component in reversed(self._started):
             try:
                 await component.stop()
             except Exception:
@@ -128,17 +225,21 @@ class Server:
         if self._runners:
             await self._runners[0].cleanup()
         if self.svc is not None:
-            await close_services(self.svc)
+            await close_services(self.svc)  # the last writes are flushed …
+        if self.cluster is not None:
+            await self.cluster.stop()  # … before a follower may take over
         self._stopped.set()
 
-    async def run_forever(self) -> None:
+    async def run_forever(self) -> int:
+        """Serve until SIGTERM/SIGINT (0) or a loss of leadership (`EXIT_LOST_LEADERSHIP`)."""
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
+        stop = self._stop_requested
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
             await self.start()
             await stop.wait()
+            return self.exit_code
         finally:
             with contextlib.suppress(Exception):
                 for sig in (signal.SIGTERM, signal.SIGINT):

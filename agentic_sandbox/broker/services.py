@@ -15,6 +15,7 @@ from agentic_sandbox.broker.auth.ratelimit import RateLimiter
 from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
 from agentic_sandbox.broker.auth.streams import LiveStreams
+from agentic_sandbox.broker.cluster import Leadership
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import Incarnations
 from agentic_sandbox.broker.observability.audit import AuditLog
@@ -44,6 +45,11 @@ class Services:
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     # the write-behind writers whose backlog and drops are metrics (a component adds its own)
     writers: list[WriterStats] = field(default_factory=list)
+    # who leads (set by the server at start); None only in tests that build services alone
+    cluster: Leadership | None = None
+    # the leader's components have started: this node serves every route (a follower, or a
+    # leader still taking over, serves only the routes flagged `follower=True`)
+    leading: bool = True
 
 
 SERVICES = web.AppKey("services", Services)

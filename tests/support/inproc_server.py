@@ -93,6 +93,8 @@ class start_server:
     async def __aenter__(self) -> Running:
         self.server = Server(self.settings, component_factory=self.components)
         svc = await self.server.start()
+        # on PostgreSQL it starts as a follower: wait for it to lead (it is the only node)
+        await asyncio.wait_for(self.server.leading.wait(), 30)
         token = self.settings.effective_admin_token_file.read_text().strip()
         self.http = aiohttp.ClientSession()
         host, port = self.settings.http_address

@@ -44,6 +44,7 @@ class ServerProcess:
         wrapper: list[str] | None = None,
         argv: list[str] | None = None,
         cwd: Path | None = None,
+        log_path: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.wrapper = list(wrapper or [])  # a command the server runs under (e.g. unshare)
@@ -58,7 +59,8 @@ class ServerProcess:
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.admin_token = ""
-        self.log_path = data_dir / "server.log"
+        # nodes sharing one data dir (several control hosts) each log apart
+        self.log_path = log_path or data_dir / "server.log"
         self.starts = 0
 
     # ---- addresses ----------------------------------------------------------------------------

@@ -33,12 +33,30 @@ class ReadyCheck(Output):
     )
 
 
+class LeaderOut(Output):
+    node: str
+    url: str
+
+
 class Ready(Output):
     status: str
     checks: dict[str, ReadyCheck]
+    role: str = Field(description="leader | follower | single-node (SQLite: one server)")
+    node: str = Field(description="this node's name (SANDBOX_NODE_NAME)")
+    term: int | None = Field(default=None, description="the leader's term (PostgreSQL only)")
+    leader: LeaderOut | None = Field(
+        default=None, description="who leads (a follower sends writes there); null: nobody yet"
+    )
 
 
-@api.get("/healthz", response=Health, role=None, summary="The process is alive", tag="health")
+@api.get(
+    "/healthz",
+    response=Health,
+    role=None,
+    summary="The process is alive",
+    tag="health",
+    follower=True,
+)
 async def healthz(call: Call[NoBody, NoQuery]) -> Health:
     svc = services(call.request)
     return Health(status="ok", server_id=svc.server_id, version=VERSION)
@@ -54,6 +72,7 @@ async def healthz(call: Call[NoBody, NoQuery]) -> Health:
     "counts, errors) are for callers with an operator token or the dashboard cookie.",
     tag="health",
     responses={503: "not ready; `checks` says which dependency (and, authenticated, why)"},
+    follower=True,
 )
 async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     svc = services(call.request)
@@ -74,10 +93,19 @@ async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         results[name] = ReadyCheck(ok=ok, detail=detail if detailed else None)
     ready = all(r.ok for r in results.values())
-    body = Ready(status="ready" if ready else "not-ready", checks=results)
-    return web.json_response(
-        body.model_dump(mode="json", exclude_none=True), status=200 if ready else 503
+    cluster = svc.cluster
+    leader = cluster.leader if cluster is not None else None
+    body = Ready(
+        status="ready" if ready else "not-ready",
+        checks=results,
+        role=cluster.role.value if cluster is not None else "single-node",
+        node=svc.settings.node_name,
+        term=cluster.term if cluster is not None else None,
+        leader=LeaderOut(node=leader.node, url=leader.url) if leader is not None else None,
     )
+    doc = body.model_dump(mode="json", exclude_none=True)
+    doc.setdefault("leader", None)  # always present: null says nobody leads
+    return web.json_response(doc, status=200 if ready else 503)
 
 
 @api.get(
@@ -86,6 +114,7 @@ async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     content_type="application/json",
     summary="This OpenAPI 3.1 document",
     tag="meta",
+    follower=True,
 )
 async def openapi_doc(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     svc = services(call.request)

@@ -87,6 +87,7 @@ class RouteSpec:
     name: str = ""
     description: str = ""
     deprecated: bool = False
+    follower: bool = False  # a follower node serves it itself (a read of the shared database)
 
 
 def current_principal(request: web.Request) -> Principal | None:
@@ -140,6 +141,7 @@ class RouteOptions(TypedDict, total=False):
     websocket: bool
     description: str
     deprecated: bool
+    follower: bool
 
 
 class ApiRoutes:
@@ -165,6 +167,7 @@ class ApiRoutes:
         websocket: bool = False,
         description: str = "",
         deprecated: bool = False,
+        follower: bool = False,
     ) -> Callable[[Handler], Handler]:
         def register(fn: Handler) -> Handler:
             self.specs.append(
@@ -185,6 +188,7 @@ class ApiRoutes:
                     name=fn.__name__,
                     description=description or (fn.__doc__ or "").strip(),
                     deprecated=deprecated,
+                    follower=follower,
                 )
             )
             return fn
@@ -207,14 +211,20 @@ class ApiRoutes:
         return self.route("DELETE", path, **kw)
 
     def install(self, app: web.Application) -> None:
+        if FOLLOWER_ROUTES not in app:
+            app[FOLLOWER_ROUTES] = set()
         for spec in self.specs:
             app.router.add_route(spec.method, spec.path, _wrap(spec), name=_route_name(spec))
+            if spec.follower:
+                app[FOLLOWER_ROUTES].add(_route_name(spec))
         if ROUTE_SPECS not in app:
             app[ROUTE_SPECS] = []
         app[ROUTE_SPECS].extend(self.specs)
 
 
 ROUTE_SPECS = web.AppKey("api_route_specs", list[RouteSpec])
+#: names of the routes a follower node serves (`follower=True`); the rest go to the leader
+FOLLOWER_ROUTES = web.AppKey("follower_routes", set[str])
 
 
 def _route_name(spec: RouteSpec) -> str:

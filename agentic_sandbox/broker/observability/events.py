@@ -91,8 +91,13 @@ class EventBus:
         *,
         ring_size: int = 10_000,
         on_publish: Callable[[Event], None] | None = None,
+        standby: bool = False,
     ) -> None:
         self._log = log
+        # A follower's bus (several control hosts): the leader owns the sequence, so events
+        # published here reach the in-process listeners (metrics) only, and reads go to the
+        # log. `lead()` takes the sequence over from the log.
+        self.standby = standby
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._seq = 0
         self._subscribers: set[Subscription] = set()
@@ -114,6 +119,16 @@ class EventBus:
         self._ring.extend(await self._log.tail(self._ring.maxlen or 0))
         self.writer.start()
 
+    async def lead(self) -> None:
+        """This node now leads: continue the sequence from the log (a no-op for a bus that
+        was never on standby)."""
+        if not self.standby:
+            return
+        self._seq = await self._log.last_seq()
+        self._ring.clear()
+        self._ring.extend(await self._log.tail(self._ring.maxlen or 0))
+        self.standby = False
+
     def add_listener(self, fn: Callable[[Event], None]) -> None:
         """In-process hooks (metrics, push, …); must not block."""
         self._listeners.append(fn)
@@ -132,9 +147,10 @@ class EventBus:
     ) -> Event:
         if not type.startswith(EVENT_TYPE_PREFIXES):
             raise ValueError(f"event type {type!r} is outside the known families")
-        self._seq += 1
+        if not self.standby:
+            self._seq += 1
         ev = Event(
-            seq=self._seq,
+            seq=0 if self.standby else self._seq,
             type=type,
             time=dt.datetime.now(dt.UTC),
             actor=actor,
@@ -146,10 +162,11 @@ class EventBus:
             owner=owner,
             data=redactor.data(data or {}),
         )
-        self._ring.append(ev)
-        self.writer.add(ev)
-        for sub in tuple(self._subscribers):
-            sub.offer(ev)
+        if not self.standby:
+            self._ring.append(ev)
+            self.writer.add(ev)
+            for sub in tuple(self._subscribers):
+                sub.offer(ev)
         for fn in self._listeners:
             try:
                 fn(ev)
@@ -174,6 +191,8 @@ class EventBus:
 
     async def query(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
         """Events with seq > after, oldest first, at most `limit`."""
+        if self.standby:
+            return await self._log.read(after, limit, flt)
         ring_first = self._ring[0].seq if self._ring else self._seq + 1
         if after + 1 >= ring_first:
             out = []

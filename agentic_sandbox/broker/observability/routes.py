@@ -208,6 +208,7 @@ class AuditPage(Output):
     role=Role.admin,
     summary="Audit log entries by subject, actor or outcome",
     tag="audit",
+    follower=True,
 )
 async def list_audit(call: Call[NoBody, AuditQuery]) -> AuditPage:
     q = call.query

@@ -41,9 +41,21 @@ def load_or_create_key(path: Path) -> bytes:
         return key
     path.parent.mkdir(parents=True, exist_ok=True)
     key = Fernet.generate_key()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key + b"\n")
+    # Written aside, then linked into place: nodes sharing a data dir that start together
+    # agree on one key (the loser of the link reads the winner's), never a half-written file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(key + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return load_or_create_key(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return key
 
 

@@ -1,4 +1,11 @@
-"""Engine, sessions and migrations for SQLite (default, WAL) and PostgreSQL (asyncpg)."""
+"""Engine, sessions and migrations for SQLite (default, WAL) and PostgreSQL (asyncpg).
+
+Fencing (several control hosts on one PostgreSQL, see `broker/cluster/`): while `fence` holds
+the leader's term, every transaction that wrote reads the `control_term` row `FOR SHARE` just
+before it commits and raises `Fenced` (rolled back, nothing stored) if the term has moved on. A
+new leader's term bump waits for the old term's committing writers, and once it has committed
+no old-term commit can land.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +26,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -32,6 +40,22 @@ from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+#: PostgreSQL advisory-lock key under which nodes migrate and bootstrap one at a time.
+MIGRATE_LOCK_KEY = 0x5A4D_0001
+FENCE_SQL = text("SELECT term FROM control_term WHERE id = 1 FOR SHARE")
+
+
+class Fenced(Exception):
+    """A write of a leader whose term has passed: rolled back, nothing stored."""
+
+    def __init__(self, mine: int, current: int | None) -> None:
+        super().__init__(
+            f"this node led term {mine} but the database is at term {current}; "
+            "the write was not stored"
+        )
+        self.mine = mine
+        self.current = current
 
 
 def alembic_config(connection: Connection | None = None) -> AlembicConfig:
@@ -101,6 +125,21 @@ class Database:
         # lack of storage (with what failed): readiness compares them (store/health.py).
         self.last_write_ok = 0.0
         self.last_storage_failure: tuple[float, StorageFailure] | None = None
+        # The leader's term while this node leads (PostgreSQL only); None: writes unfenced.
+        self.fence: int | None = None
+        # Called once per fenced write (the server steps down on the first).
+        self.on_fenced: Callable[[Fenced], None] | None = None
+
+    async def _check_fence(self, conn: AsyncConnection | AsyncSession) -> None:
+        mine = self.fence
+        if mine is None:
+            return
+        current = (await conn.execute(FENCE_SQL)).scalar()
+        if current != mine:
+            exc = Fenced(mine, current)
+            if self.on_fenced is not None:
+                self.on_fenced(exc)
+            raise exc
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
@@ -108,6 +147,10 @@ class Database:
             async with self.sessions() as s:
                 async with s.begin():
                     yield s
+                    if self.fence is not None:
+                        await s.flush()
+                        if s.info.get("wrote"):
+                            await self._check_fence(s)
                 if s.info.pop("wrote", False):
                     self.last_write_ok = time.monotonic()
         except Exception as exc:
@@ -116,6 +159,31 @@ class Database:
                 self.last_storage_failure = (time.monotonic(), failure)
                 log.error("a database write failed: %s", failure.message)
             raise
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        """A Core connection in a write transaction: fenced, committed on exit, rolled back on
+        an exception (the one way to write outside `session()`)."""
+        async with self.engine.begin() as conn:
+            yield conn
+            await self._check_fence(conn)
+        self.last_write_ok = time.monotonic()
+
+    @asynccontextmanager
+    async def exclusively(self, key: int = MIGRATE_LOCK_KEY) -> AsyncIterator[None]:
+        """One node at a time (a PostgreSQL advisory lock held on its own connection); on
+        SQLite one server owns the data dir anyway."""
+        if self.dialect == "sqlite":
+            yield
+            return
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            await conn.commit()
+            try:
+                yield
+            finally:
+                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                await conn.commit()
 
     async def probe_write(self) -> None:
         """A real committed write that changes nothing: alembic_version's one row rewritten
@@ -144,7 +212,7 @@ class Database:
             else:
                 command.upgrade(cfg, revision)
 
-        async with self.engine.begin() as conn:
+        async with self.exclusively(), self.engine.begin() as conn:
             await conn.run_sync(run)
 
     async def current_revision(self) -> str | None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 PROBE_EVERY = 5.0
 RETRY_EVERY = 1.0
-PROBE_FILE = ".write-probe"
+PROBE_FILE = ".write-probe"  # + "-<node>": nodes sharing a data dir probe apart
 PROBE_BYTES = 4096
 
 # SQLite primary result codes (extended codes keep these in the low byte).
@@ -86,9 +86,10 @@ def storage_failure(exc: BaseException) -> StorageFailure | None:
 
 
 class StorageHealth:
-    def __init__(self, db: Database, data_dir: Path) -> None:
+    def __init__(self, db: Database, data_dir: Path, node: str = "") -> None:
         self._db = db
         self._data_dir = data_dir
+        self._probe_name = f"{PROBE_FILE}-{node}" if node else PROBE_FILE
         self._probed_at = -PROBE_EVERY
         self._file_problem = ""
         self._lock = asyncio.Lock()
@@ -130,7 +131,7 @@ class StorageHealth:
             self._file_problem = failure.message if failure else (exc.strerror or str(exc))
 
     def _probe_file(self) -> None:
-        path = self._data_dir / PROBE_FILE
+        path = self._data_dir / self._probe_name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, b"\0" * PROBE_BYTES)

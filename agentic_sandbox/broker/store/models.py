@@ -472,3 +472,31 @@ class KeyValue(Base):
     key: Mapped[str] = mapped_column(String(128), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ControlTerm(Base):
+    """The one row (id 1) naming the current leader of the control hosts sharing this database.
+
+    The node that wins the election lock bumps `term`; every write transaction of a leader
+    checks, before it commits, that the term is still its own (`Database.fence`)."""
+
+    __tablename__ = "control_term"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    term: Mapped[int] = mapped_column(BigInteger, default=0)
+    leader_node: Mapped[str | None] = mapped_column(String(63))
+    leader_http_url: Mapped[str | None] = mapped_column(String(2048))
+    leader_grpc: Mapped[str | None] = mapped_column(String(255))
+    since: Mapped[dt.datetime | None] = mapped_column()
+
+
+class ControlNode(Base):
+    """A control host seen on this database (a heartbeat, not fenced)."""
+
+    __tablename__ = "control_nodes"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    http_url: Mapped[str] = mapped_column(String(2048))
+    grpc_address: Mapped[str] = mapped_column(String(255))
+    version: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[dt.datetime] = mapped_column()
+    seen_at: Mapped[dt.datetime] = mapped_column()

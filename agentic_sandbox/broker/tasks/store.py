@@ -115,7 +115,7 @@ class TaskStore:
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction (committed on exit, rolled back on an exception)."""
         if not self._serial:
-            async with self.db.engine.begin() as conn:
+            async with self.db.begin() as conn:
                 yield conn
             return
         async with self._lock:

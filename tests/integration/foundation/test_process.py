@@ -101,6 +101,36 @@ def test_second_start_reuses_token_and_data(tmp_path: Path) -> None:
     assert b"admin token: in " in out
 
 
+def test_sqlite_is_single_node_and_refuses_a_second_server(tmp_path: Path) -> None:
+    proc, url = start(tmp_path, SANDBOX_NODE_NAME="alpha")
+    try:
+        ready = wait_ready(url, proc)
+        assert ready["role"] == "single-node" and ready["node"] == "alpha"
+        assert ready["leader"] == {"node": "alpha", "url": url} and "term" not in ready
+        # a second server on the same data dir stops before touching the database
+        second, _ = start(tmp_path, SANDBOX_NODE_NAME="beta")
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 1, err.decode()[-2000:]
+        last = err.decode().strip().splitlines()[-1]
+        assert last.startswith("sandbox-server: start-up failed:"), last
+        assert "in use by another sandbox-server" in last
+        assert f"node alpha, pid {proc.pid}, {url}" in last
+        assert str(tmp_path / "data" / "server.lock") in last
+        assert wait_ready(url, proc)["status"] == "ready"  # the first one is untouched
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "node:        alpha, single-node (SQLite" in out.decode()
+    # stopped, it lets the next one in
+    proc, url = start(tmp_path, SANDBOX_NODE_NAME="beta")
+    try:
+        assert wait_ready(url, proc)["node"] == "beta"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+
+
 def test_unreachable_database_fails_startup_clearly(tmp_path: Path) -> None:
     proc, _ = start(
         tmp_path, SANDBOX_DATABASE_URL=f"postgresql+asyncpg://u:p@127.0.0.1:{free_port()}/x"

@@ -100,3 +100,17 @@ def test_server_exits_2_with_the_message(
     assert main(["check-config"]) == 2
     err = capsys.readouterr().err
     assert "grpc_listen" in err and "SANDBOX_GRPC_LISTEN" in err
+
+
+def test_node_name_defaults_to_the_host_name_and_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    assert load_settings().node_name == socket.gethostname().split(".", 1)[0]
+    monkeypatch.setenv("SANDBOX_NODE_NAME", "cp-2.example")
+    assert load_settings().node_name == "cp-2.example"
+    monkeypatch.setenv("SANDBOX_NODE_NAME", "bad name/../x")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "node_name" in str(info.value) and "SANDBOX_NODE_NAME" in str(info.value)

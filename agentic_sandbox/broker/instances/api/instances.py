@@ -142,6 +142,7 @@ async def create_instance(call: Call[InstanceCreate, NoQuery]) -> OperationOut:
     role=Role.viewer,
     summary="List instances (yours, or all as admin)",
     tag="instances",
+    follower=True,
 )
 async def list_instances(call: Call[NoBody, InstanceQuery]) -> InstanceList:
     q = call.query
@@ -156,6 +157,7 @@ async def list_instances(call: Call[NoBody, InstanceQuery]) -> InstanceList:
     role=Role.viewer,
     summary="One instance",
     tag="instances",
+    follower=True,
 )
 async def get_instance(call: Call[NoBody, NoQuery]) -> InstanceOut:
     row = await call.app[INSTANCES].get(call.require_principal(), call.match["instance_id"])

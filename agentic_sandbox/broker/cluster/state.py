@@ -1,0 +1,57 @@
+"""What a node knows about leadership: its role, its term and who leads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class Role(StrEnum):
+    leader = "leader"
+    follower = "follower"
+    single = "single-node"  # SQLite: one server owns the data dir, always leads
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    node: str
+    url: str  # its public HTTP URL
+    grpc: str  # its agent-link address
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """This node, as it advertises itself to the others."""
+
+    node: str
+    url: str
+    grpc: str
+    version: str
+
+
+class Leadership(Protocol):
+    """The server's view of leadership (`SingleNode` on SQLite, `Elector` on PostgreSQL)."""
+
+    me: NodeInfo
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def term(self) -> int | None: ...
+
+    @property
+    def leader(self) -> LeaderInfo | None: ...
+
+    def on_lost(self, fn: Callable[[str], None]) -> None:
+        """`fn(reason)` runs once when this node stops being the leader without asking to."""
+
+    async def start(self) -> None: ...
+
+    async def elected(self) -> None:
+        """Return once this node leads."""
+
+    async def stop(self) -> None:
+        """Give up leadership (after the last write) and close."""
