@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from agentic_sandbox.fleet import (
+    CloneSpec,
     Conflict,
     HostSpec,
     InstanceSpec,
@@ -12,6 +14,8 @@ from agentic_sandbox.fleet import (
     NoCapacity,
     Resources,
 )
+from agentic_sandbox.fleet.domain_config import CloneIdentity, DomainConfig
+from agentic_sandbox.fleet.libvirt.domain_xml import domain_facts, netdev_value
 from tests.support.fleet_env import Env
 from tests.support.libvirt_testdriver import node_uri
 
@@ -76,3 +80,78 @@ async def test_add_host_is_idempotent(env: Env) -> None:
     assert (await env.fleet.add_host(spec)).reachable
     with pytest.raises(Conflict):
         await env.fleet.add_host(spec.model_copy(update={"labels": {"x": "y"}}))
+
+
+def _record_forwards(env: Env, host: str) -> dict[str, str]:
+    """The guest forward the fleet gives each of ``host``'s domains, by name: from the
+    definitions of creates, from the identities of captures and clones (libvirt's test driver
+    keeps no `<qemu:commandline>`, so they are read where the fleet makes them)."""
+    h = env.fleet.hosts[host]
+    seen: dict[str, str] = {}
+    render, reidentify = h.render, h.reidentify
+
+    def rendered(cfg: DomainConfig) -> str:
+        xml = render(cfg)
+        seen[cfg.name] = _guest_forward(xml)
+        return xml
+
+    def reidentified(definition: str, ident: CloneIdentity) -> str:
+        seen[ident.name] = _forward_of(netdev_value(ident.net))
+        return reidentify(definition, ident)
+
+    h.render = rendered  # type: ignore[method-assign]
+    h.reidentify = reidentified  # type: ignore[method-assign]
+    return seen
+
+
+def _guest_forward(definition: str) -> str:
+    netdev = domain_facts(definition).netdev
+    assert netdev is not None
+    return _forward_of(netdev)
+
+
+def _forward_of(netdev: str) -> str:
+    return next(p for p in netdev.split(",") if p.startswith("guestfwd="))
+
+
+async def test_guests_on_a_host_reach_the_control_plane_at_its_control_address(
+    env: Env,
+) -> None:
+    """A create, a state capture and a clone from it on a host with `control_address` all
+    lead the guest's forward there; the other host's guests keep the fleet's address."""
+    f = env.fleet
+    await f.add_host(
+        HostSpec(
+            name="h2",
+            uri=node_uri(env.root, "h2"),
+            labels={"net": "far"},
+            data_dir=str(env.root / "h2"),
+            control_address="198.18.7.1",
+        )
+    )
+    await f.import_image("img", str(env.root / "img.qcow2"), host="h2")
+    on_h1, on_h2 = _record_forwards(env, "h1"), _record_forwards(env, "h2")
+    far = await f.create(
+        InstanceSpec(instance_id="far", image="img", agent_port=8124, host_labels={"net": "far"})
+    )
+    near = await f.create(InstanceSpec(instance_id="near", image="img", host="h1"))
+    assert far.host == "h2" and near.host == "h1"
+    forward = "guestfwd=tcp:10.0.2.2:8124-tcp:198.18.7.1:8124"
+    assert on_h2["sbx-far"] == forward
+    assert on_h1["sbx-near"] == "guestfwd=tcp:10.0.2.2:8120-tcp:127.0.0.1:8120"
+    on_h2.clear()
+    await f.capture_state("far", "far-v1")
+    assert on_h2["sbx-far"] == forward  # the frozen definition
+    clone = await f.clone_from_state("far-v1", CloneSpec(instance_id="far-c", agent_port=8124))
+    assert clone.host == "h2"
+    assert on_h2["sbx-far-c"] == forward
+
+
+def test_a_control_address_is_an_ip_literal() -> None:
+    assert (
+        HostSpec(name="h", uri="test:///default", control_address="fd00::0:1").control_address
+        == "fd00::1"
+    )
+    for bad in ("example.org", "0.0.0.0", "::", "224.0.0.1", "10.0.0.1:80", "1.2.3.4 "):
+        with pytest.raises(ValidationError, match="control_address"):
+            HostSpec(name="h", uri="test:///default", control_address=bad)
