@@ -100,3 +100,24 @@ def test_server_exits_2_with_the_message(
     assert main(["check-config"]) == 2
     err = capsys.readouterr().err
     assert "grpc_listen" in err and "SANDBOX_GRPC_LISTEN" in err
+
+
+def test_guest_link_addresses_are_ip_literals_bound_beside_guest_link_listen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = load_settings()
+    assert s.guest_link_hosts == ["127.0.0.1"]
+    assert s.guest_link_reaches("127.0.0.1") and not s.guest_link_reaches("198.18.0.1")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", '["198.18.0.1", "fd00::0:1", "127.0.0.1"]')
+    s = load_settings()
+    assert s.guest_link_hosts == ["127.0.0.1", "198.18.0.1", "fd00::1"]
+    assert s.guest_link_reaches("198.18.0.1") and s.guest_link_reaches("fd00::1")
+    assert not s.guest_link_reaches("198.18.0.5")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_LISTEN", "0.0.0.0:8124")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", "[]")
+    s = load_settings()
+    assert s.guest_link_reaches("198.18.0.5") and not s.guest_link_reaches("fd00::1")
+    for bad in ('["gateway.example"]', '["0.0.0.0"]', '["198.18.0.1:8124"]'):
+        monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", bad)
+        with pytest.raises(ConfigError, match="SANDBOX_GUEST_LINK_ADDRESSES"):
+            load_settings()
