@@ -352,6 +352,8 @@ class Host(ApiModel):
     name: str
     uri: str
     labels: dict[str, str] = Field(default_factory=dict)
+    control_address: str = ""
+    files: str = ""
     state: str = ""
     reason: str = ""
     accel: str | None = None
