@@ -163,6 +163,17 @@ class Settings(BaseSettings):
     max_instances_per_owner: int = Field(default=50, ge=1, le=100_000)
     max_concurrent_provisions: int = Field(default=4, ge=1, le=256)
     kvm_probe: bool = Field(default=True, description="probe KVM at start (else assume TCG)")
+    host_keepalive_seconds: int = Field(
+        default=5,
+        ge=1,
+        le=300,
+        description="libvirt keepalive to each host: a host that misses host_keepalive_count "
+        "answers in a row is unreachable (its instances unknown) and is reconnected",
+    )
+    host_keepalive_count: int = Field(default=3, ge=1, le=100)
+    host_reconnect_max_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="the longest wait between reconnect attempts"
+    )
     pool_refill_delay_seconds: float = Field(
         default=15.0,
         ge=0,
