@@ -41,6 +41,7 @@ class HostRegistry(Mapping[str, HostDriver]):
         self._make_driver = make_driver
         self._reconcile = reconcile
         self._hosts: dict[str, HostDriver] = {}
+        self._draining: set[str] = set()
         self.placement_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ mapping
@@ -104,6 +105,7 @@ class HostRegistry(Mapping[str, HostDriver]):
             self._index.pop(iid)
         self._states.forget_host(name)
         del self._hosts[name]
+        self._draining.discard(name)
         self._ctx.emit(FleetEventKind.HOST_REMOVED, host=name)
 
     async def close(self) -> None:
@@ -134,7 +136,22 @@ class HostRegistry(Mapping[str, HostDriver]):
             committed_vcpus=sum(e.record.vcpus for e in mine),
             committed_memory_mib=sum(e.record.memory_mib for e in mine),
             instances=len(mine),
+            draining=name in self._draining,
         )
+
+    def set_draining(self, name: str, draining: bool) -> bool:
+        """Stop (or resume) placing new instances on ``name``; what runs there stays. True
+        when that changed something."""
+        self.host(name)
+        if draining == (name in self._draining):
+            return False
+        if draining:
+            self._draining.add(name)
+        else:
+            self._draining.discard(name)
+        kind = FleetEventKind.HOST_DRAINING if draining else FleetEventKind.HOST_UNDRAINED
+        self._ctx.emit(kind, host=name)
+        return True
 
     async def host_loads(self) -> list[HostLoad]:
         loads = []
@@ -158,6 +175,7 @@ class HostRegistry(Mapping[str, HostDriver]):
                     committed_memory_mib=info.committed_memory_mib,
                     instances=info.instances,
                     groups=groups,
+                    draining=info.draining,
                 )
             )
         return loads

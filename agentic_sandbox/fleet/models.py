@@ -389,6 +389,7 @@ class HostInfo(BaseModel):
     committed_vcpus: int = 0
     committed_memory_mib: int = 0
     instances: int = 0
+    draining: bool = False
 
 
 class FleetEventKind(StrEnum):
@@ -406,6 +407,8 @@ class FleetEventKind(StrEnum):
     HOST_REMOVED = "host.removed"
     HOST_UNREACHABLE = "host.unreachable"
     HOST_RECONNECTED = "host.reconnected"
+    HOST_DRAINING = "host.draining"
+    HOST_UNDRAINED = "host.undrained"
     ORPHAN_REMOVED = "fleet.orphan_removed"
     POOL_REFILLED = "pool.refilled"
 

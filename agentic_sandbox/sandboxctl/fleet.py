@@ -314,6 +314,14 @@ async def host_add(c: AsyncClient, a: argparse.Namespace) -> None:
     emit(doc(host), a.output)
 
 
+async def host_drain(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.hosts.drain(a.name)), a.output)
+
+
+async def host_undrain(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.hosts.undrain(a.name)), a.output)
+
+
 async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
     emit(
         doc(await c.hosts.list()),
@@ -323,6 +331,7 @@ async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
             "uri",
             "control_address",
             "state",
+            "draining",
             "labels",
             "committed_vcpus",
             "cpus",
@@ -516,6 +525,8 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--data-dir", help="the host's directory for bases, instances, states")
     v.add_argument("--files", choices=["auto", "local", "remote"])
     verb(g, "list", host_list, "list hosts")
+    verb(g, "drain", host_drain, "no new placements on a host").add_argument("name")
+    verb(g, "undrain", host_undrain, "a drained host takes placements again").add_argument("name")
 
     g = nouns.noun("loadout", "instance profiles")
     verb(g, "list", loadout_list, "list loadouts")

@@ -474,6 +474,13 @@ class AsyncHosts(Resource):
     async def get(self, name: str) -> Host:
         return await self._t.model(Host, "GET", f"{ADMIN}/hosts/{name}")
 
+    async def drain(self, name: str) -> Host:
+        """No new placements on the host (what runs there keeps running)."""
+        return await self._t.model(Host, "POST", f"{ADMIN}/hosts/{name}/drain")
+
+    async def undrain(self, name: str) -> Host:
+        return await self._t.model(Host, "DELETE", f"{ADMIN}/hosts/{name}/drain")
+
     async def remove(self, name: str, *, force: bool = False) -> None:
         """Refused while the host has instances, unless `force`."""
         params = {"force": True} if force else None

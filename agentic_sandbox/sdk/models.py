@@ -363,6 +363,7 @@ class Host(ApiModel):
     committed_vcpus: int = 0
     committed_memory_mib: int = 0
     instances: int = 0
+    draining: bool = False
 
 
 class Image(ApiModel):

@@ -134,6 +134,7 @@ class FleetComponent:
             log.error("%s", self.access_problem)
         await self.fleet.open(await self.hosts.specs(), known=await self.mirror.known_records())
         self.gate.opened = True
+        await self.hosts.restore_draining()
         for info in await self.fleet.list_hosts():
             accel = self.fleet.accel(info.spec.name)
             if accel is not None:

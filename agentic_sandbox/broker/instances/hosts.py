@@ -15,10 +15,12 @@ from agentic_sandbox.fleet import Capacity, HostInfo, HostSpec
 
 LOCAL_HOST = "local"
 SPEC_LABEL = "_spec"  # the label under which a host row keeps the spec's other fields
+DRAINING_LABEL = "_draining"  # present (true) while the host takes no new placements
 
 
 def host_spec_from_row(row: m.Host) -> HostSpec:
     labels = dict(row.labels or {})
+    labels.pop(DRAINING_LABEL, None)
     stored = labels.pop(SPEC_LABEL) if isinstance(labels.get(SPEC_LABEL), dict) else {}
     capacity = Capacity(
         vcpus=row.capacity_vcpus or None, memory_mib=row.capacity_memory_mib or None
@@ -48,6 +50,34 @@ class HostService:
             if not any(r.name == LOCAL_HOST for r in rows):
                 s.add(m.Host(name=LOCAL_HOST, uri=settings.libvirt_uri, labels={}, owner="admin"))
         return specs
+
+    async def restore_draining(self) -> None:
+        """After the fleet opened: hosts drained before a restart are still drained."""
+        fleet = self._gate.require()
+        async with self._svc.db.session() as s:
+            rows = (await s.scalars(select(m.Host))).all()
+            names = [r.name for r in rows if (r.labels or {}).get(DRAINING_LABEL)]
+        for name in names:
+            if name in fleet.hosts:
+                fleet.set_draining(name, True)
+
+    async def set_draining(self, who: Principal, name: str, draining: bool) -> HostInfo:
+        """Stop (or resume) new placements on a host; what runs there keeps running."""
+        fleet = self._gate.require()
+        changed = fleet.set_draining(name, draining)
+        async with self._svc.db.session() as s:
+            row = await s.get(m.Host, name)
+            if row is not None:
+                labels = dict(row.labels or {})
+                if draining:
+                    labels[DRAINING_LABEL] = True
+                else:
+                    labels.pop(DRAINING_LABEL, None)
+                row.labels = labels
+        if changed:
+            action = "host.drain" if draining else "host.undrain"
+            self._svc.audit.record(who.actor, action, "host", name)
+        return await fleet.host_info(name)
 
     async def list_hosts(self) -> list[HostInfo]:
         return await self._gate.require().list_hosts()
@@ -110,6 +140,8 @@ class HostService:
             if row is None:
                 row = m.Host(name=name, uri=uri, owner=who.subject)
                 s.add(row)
+            if (row.labels or {}).get(DRAINING_LABEL):
+                stored[DRAINING_LABEL] = True
             row.labels = stored
             row.capacity_vcpus = capacity_vcpus
             row.capacity_memory_mib = capacity_memory_mib

@@ -20,7 +20,14 @@ from agentic_sandbox.fleet import Fleet, FleetEvent, InstanceRecord
 
 log = logging.getLogger(__name__)
 
-HOST_LIST_EVENTS = ("host.unreachable", "host.reconnected", "host.added", "host.removed")
+HOST_LIST_EVENTS = (
+    "host.unreachable",
+    "host.reconnected",
+    "host.added",
+    "host.removed",
+    "host.draining",
+    "host.undrained",
+)
 
 
 def apply_record(row: m.Instance, rec: InstanceRecord, state: str, reason: str) -> None:

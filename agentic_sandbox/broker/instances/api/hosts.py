@@ -88,6 +88,7 @@ class HostOut(Output):
     committed_vcpus: int
     committed_memory_mib: int
     instances: int
+    draining: bool = Field(description="takes no new placements (POST …/drain)")
 
 
 class HostList(Output):
@@ -114,6 +115,7 @@ def host_out(info: HostInfo) -> HostOut:
         committed_vcpus=info.committed_vcpus,
         committed_memory_mib=info.committed_memory_mib,
         instances=info.instances,
+        draining=info.draining,
     )
 
 
@@ -177,3 +179,27 @@ async def remove_host(call: Call[NoBody, HostRemoveQuery]) -> None:
     await call.app[HOSTS].remove(
         call.require_principal(), call.match["name"], force=call.query.force
     )
+
+
+@api.post(
+    "/api/v2/admin/hosts/{name}/drain",
+    response=HostOut,
+    role=Role.admin,
+    summary="Drain a host: no new placements there (what runs there keeps running)",
+    tag="hosts",
+)
+async def drain_host(call: Call[NoBody, NoQuery]) -> HostOut:
+    hosts = call.app[HOSTS]
+    return host_out(await hosts.set_draining(call.require_principal(), call.match["name"], True))
+
+
+@api.delete(
+    "/api/v2/admin/hosts/{name}/drain",
+    response=HostOut,
+    role=Role.admin,
+    summary="Undrain a host: it takes new placements again",
+    tag="hosts",
+)
+async def undrain_host(call: Call[NoBody, NoQuery]) -> HostOut:
+    hosts = call.app[HOSTS]
+    return host_out(await hosts.set_draining(call.require_principal(), call.match["name"], False))
