@@ -408,6 +408,8 @@ class FleetEventKind(StrEnum):
     HOST_UNREACHABLE = "host.unreachable"
     HOST_RECONNECTED = "host.reconnected"
     HOST_DRAINING = "host.draining"
+    IMAGE_UPLOADING = "image.uploading"
+    IMAGE_VERIFIED = "image.verified"
     HOST_UNDRAINED = "host.undrained"
     ORPHAN_REMOVED = "fleet.orphan_removed"
     POOL_REFILLED = "pool.refilled"

@@ -123,7 +123,7 @@ class InstanceMirror:
                 self._spawn(self._refresh_hosts())
             return
         if ev.instance_id is None:
-            if kind.startswith(("fleet.", "pool.")):
+            if kind.startswith(("fleet.", "pool.", "image.")):
                 log.info("fleet: %s %s", kind, ev.detail)
             return
         try:

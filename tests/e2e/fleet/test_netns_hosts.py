@@ -9,6 +9,7 @@ the guest forward (10.0.2.2:<agent port>) the way an agent would, so no Debian b
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import socket
 import subprocess
@@ -140,6 +141,10 @@ async def far() -> AsyncIterator[tuple[RealEnv, NamespaceHypervisor]]:
                 ("tiny-base", guest.base_disk),
             ):
                 await fleet.import_image(name, str(path), host="far")
+                # uploaded over the network, read back over a stream and checked: marked
+                with open(path, "rb") as src:
+                    want = hashlib.file_digest(src, "sha256").hexdigest()
+                assert await fleet.hosts["far"].volumes.verified_digest("bases", name) == want
             yield env, h
         finally:
             with contextlib.suppress(Exception):

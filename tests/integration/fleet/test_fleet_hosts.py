@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from agentic_sandbox.fleet import (
     CloneSpec,
     Conflict,
+    FleetError,
     HostSpec,
     InstanceSpec,
     InstanceState,
@@ -155,3 +156,58 @@ def test_a_control_address_is_an_ip_literal() -> None:
     for bad in ("example.org", "0.0.0.0", "::", "224.0.0.1", "10.0.0.1:80", "1.2.3.4 "):
         with pytest.raises(ValidationError, match="control_address"):
             HostSpec(name="h", uri="test:///default", control_address=bad)
+
+
+async def test_an_image_reaches_a_host_once_verified_by_sha256(env: Env) -> None:
+    import asyncio
+    import hashlib
+
+    f = env.fleet
+    await f.add_host(
+        HostSpec(name="h2", uri=node_uri(env.root, "h2"), data_dir=str(env.root / "h2"))
+    )
+    src = env.root / "img2.qcow2"
+    src.write_bytes(b"image-two" * 1000)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = await asyncio.gather(*(f.import_image("img2", str(src), host="h2") for _ in range(3)))
+    assert {o["h2"] for o in out} == {str(env.root / "h2" / "bases" / "img2")}
+
+    def uploads() -> list[str | None]:
+        return [
+            e.host for e in env.events if e.kind.value == "image.uploading" and e.detail == "img2"
+        ]
+
+    assert uploads() == ["h2"]  # once, to the host asked for only
+    assert (env.root / "h2" / "bases" / "img2.sha256").read_text().strip() == digest
+    assert not (env.data / "bases" / "img2").exists()
+    await f.import_image("img2", str(src), host="h2")
+    assert uploads() == ["h2"]
+
+    # a base from before verification (no marker): read back once, and marked when right
+    marker = env.root / "h2" / "bases" / "img2.sha256"
+    marker.unlink()
+    await f.import_image("img2", str(src), host="h2")
+    assert uploads() == ["h2"] and marker.read_text().strip() == digest
+    # ... and put again when it is not what it should be
+    marker.unlink()
+    (env.root / "h2" / "bases" / "img2").write_bytes(b"truncated")
+    await f.import_image("img2", str(src), host="h2")
+    assert (env.root / "h2" / "bases" / "img2").read_bytes() == src.read_bytes()
+    assert uploads() == ["h2", "h2"]
+
+
+async def test_a_copy_that_reads_back_wrong_is_removed_naming_both_digests(env: Env) -> None:
+    import hashlib
+
+    f = env.fleet
+    storage = f.hosts["h1"].storage
+    assert storage is not None
+    src = env.root / "img3.qcow2"
+    src.write_bytes(b"image-three" * 1000)
+    want = hashlib.sha256(src.read_bytes()).hexdigest()
+    storage.digest = lambda path: "0" * 64  # type: ignore[method-assign]  # the readback differs
+    with pytest.raises(FleetError) as err:
+        await f.import_image("img3", str(src), host="h1")
+    assert want in str(err.value) and "0" * 64 in str(err.value)
+    assert not (env.data / "bases" / "img3").exists()
+    assert not (env.data / "bases" / "img3.sha256").exists()

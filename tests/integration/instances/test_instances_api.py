@@ -233,7 +233,7 @@ async def test_hosts_and_placement(fleet_server: Running, tmp_path: Any) -> None
     op = await create(
         r, {"id": "zoned", "image": IMAGE, "host_labels": {"zone": "b"}, "wait_ready": False}
     )
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", op["error"]
     _, inst, _ = await r.call("GET", "/api/v2/admin/instances/zoned")
     assert inst["host"] == "second"
     status, body, _ = await r.call("DELETE", "/api/v2/admin/hosts/second")
