@@ -59,13 +59,17 @@ class ControlListener:
                 conn, peer = self.sock.accept()
             except OSError:
                 continue
-            with conn:
-                conn.settimeout(10)
-                with contextlib.suppress(OSError):
-                    data = conn.recv(4096)
-                    if data:
-                        self.received.append((peer[0], data))
-                        conn.sendall(b"pong\n")
+            # QEMU's chardev connects at start and holds the connection until the guest speaks
+            threading.Thread(target=self._handle, args=(conn, peer[0]), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, peer: str) -> None:
+        with conn:
+            conn.settimeout(120)
+            with contextlib.suppress(OSError):
+                data = conn.recv(4096)
+                if data:
+                    self.received.append((peer, data))
+                    conn.sendall(b"pong\n")
 
     def close(self) -> None:
         self._stop.set()
@@ -166,8 +170,13 @@ async def test_a_guest_on_a_namespace_host_reaches_its_control_address_and_outli
             env.spec("far-1", agent_port=gateway.port, cmdline=f"sbx.probe={gateway.port}")
         )
         assert inst.host == "far"
-        _, log = await wait_log(f, "far-1", rb"SBX-TICK 1\b", timeout=90)  # over a stream
-        assert f"SBX-PROBE {gateway.port} ok".encode() in log, log[-600:]
+        try:
+            _, log = await wait_log(f, "far-1", rb"SBX-TICK 1\b", timeout=120)  # over a stream
+        except AssertionError as e:
+            on_disk = Path(f.index["far-1"].record.serial_log)
+            tail = on_disk.read_bytes()[-600:] if on_disk.exists() else b"(no file)"
+            raise AssertionError(f"{e}\non the host's disk: {tail!r}\n{h.log_tail(1500)}") from e
+        assert f"SBX-PROBE {gateway.port} ok".encode() in log, (log[-600:], gateway.received)
         # QEMU runs in the namespace: its forward came over the veth, from the host's address
         assert any(peer == h.address and b"hello-from-guest" in d for peer, d in gateway.received)
 
