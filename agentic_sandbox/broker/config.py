@@ -176,6 +176,17 @@ class Settings(BaseSettings):
     max_instances_per_owner: int = Field(default=50, ge=1, le=100_000)
     max_concurrent_provisions: int = Field(default=4, ge=1, le=256)
     kvm_probe: bool = Field(default=True, description="probe KVM at start (else assume TCG)")
+    host_keepalive_seconds: int = Field(
+        default=5,
+        ge=1,
+        le=300,
+        description="libvirt keepalive to each host: a host that misses host_keepalive_count "
+        "answers in a row is unreachable (its instances unknown) and is reconnected",
+    )
+    host_keepalive_count: int = Field(default=3, ge=1, le=100)
+    host_reconnect_max_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="the longest wait between reconnect attempts"
+    )
     pool_refill_delay_seconds: float = Field(
         default=15.0,
         ge=0,
@@ -195,6 +206,14 @@ class Settings(BaseSettings):
         description="where guests' agents come in: the host side of every guest's forward "
         "(agentic_sandbox.broker.agentlink.gateway); it passes each guest connection on to "
         "grpc_listen or grpc_enroll_listen",
+    )
+    guest_link_addresses: list[str] = Field(
+        default_factory=list,
+        description="more addresses (IP literals, a JSON list) the guest link gateway listens "
+        "on, at guest_link_listen's port: the control_address of each host whose guests reach "
+        "this server over a network. They are also named in the server certificate. Firewall "
+        "that port to the hypervisors: whoever reaches it reaches enrollment (a one-time "
+        "token) and the link (mutual TLS)",
     )
     grpc_tls_names: list[str] = Field(
         default_factory=list,
@@ -331,6 +350,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"{item!r} is not an IP network (CIDR) or address") from None
         return value
 
+    @field_validator("guest_link_addresses")
+    @classmethod
+    def _guest_link_addresses(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in value:
+            try:
+                addr = ipaddress.ip_address(item.strip())
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address (IPv4 or IPv6 literal)") from None
+            if addr.is_unspecified or addr.is_multicast:
+                raise ValueError(f"{item!r}: name one address (not unspecified or multicast)")
+            if str(addr) not in out:
+                out.append(str(addr))
+        return out
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, value: str) -> str:
@@ -380,6 +414,19 @@ class Settings(BaseSettings):
     @property
     def guest_link_address(self) -> tuple[str, int]:
         return parse_listen(self.guest_link_listen)
+
+    @property
+    def guest_link_hosts(self) -> list[str]:
+        """Every address the guest link gateway binds: guest_link_listen's, then the others."""
+        first = self.guest_link_address[0]
+        return [first, *(a for a in self.guest_link_addresses if a != first)]
+
+    def guest_link_reaches(self, address: str) -> bool:
+        """Whether the gateway listens where ``address`` (an IP literal) connects."""
+        hosts = self.guest_link_hosts
+        if hosts[0] in ("", "::") or (hosts[0] == "0.0.0.0" and ":" not in address):
+            return True
+        return str(ipaddress.ip_address(address)) in hosts
 
     @property
     def metrics_address(self) -> tuple[str, int]:

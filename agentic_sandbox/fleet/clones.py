@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .build import NewInstance
 from .context import FleetContext
-from .domain_config import CloneIdentity, domain_name_for, net_config
+from .domain_config import CloneIdentity, control_address, domain_name_for, net_config
 from .driver import require_reachable
 from .errors import Conflict, InvalidRequest, NotFound
 from .hosts import HostRegistry
@@ -54,7 +54,12 @@ class Clones:
             overlay=overlay,
             serial_log=record.serial_log,
             seed=record.seed,
-            net=net_config(spec.egress, spec.agent_port, record.ssh_port, self.ctx.config),
+            net=net_config(
+                spec.egress,
+                spec.agent_port,
+                record.ssh_port,
+                control_address(new.host.spec, self.ctx.config),
+            ),
             record=record,
         )
 

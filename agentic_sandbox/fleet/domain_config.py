@@ -14,6 +14,7 @@ from .models import (
     EgressPolicy,
     FirmwareBoot,
     FleetConfig,
+    HostSpec,
     InstanceRecord,
     InstanceSpec,
     IoTune,
@@ -95,10 +96,16 @@ def instance_record(spec: InstanceSpec, *, host: str) -> InstanceRecord:
     )
 
 
+def control_address(host: HostSpec, config: FleetConfig) -> str:
+    """Where guests on ``host`` reach the control plane: the host's own address, else the
+    fleet's."""
+    return host.control_address or config.control_address
+
+
 def net_config(
-    egress: EgressPolicy, agent_port: int, ssh_port: int | None, config: FleetConfig
+    egress: EgressPolicy, agent_port: int, ssh_port: int | None, control: str
 ) -> NetConfig:
-    return NetConfig(egress, agent_port, ssh_port, config.control_address)
+    return NetConfig(egress, agent_port, ssh_port, control)
 
 
 def domain_config(
@@ -109,8 +116,10 @@ def domain_config(
     uuid: str,
     domain_type: str,
     boot: KernelPaths | FirmwareBoot,
+    control: str,
 ) -> DomainConfig:
-    """The domain of ``spec`` once ``record`` has its host's paths and SSH port."""
+    """The domain of ``spec`` once ``record`` has its host's paths and SSH port; ``control``
+    is where its guest reaches the control plane (`control_address`)."""
     res = spec.resources
     return DomainConfig(
         name=record.domain,
@@ -123,7 +132,7 @@ def domain_config(
         seed=record.seed,
         record=record,
         boot=boot,
-        net=net_config(spec.egress, spec.agent_port, record.ssh_port, config),
+        net=net_config(spec.egress, spec.agent_port, record.ssh_port, control),
         machine=config.machine,
         nic_pci_slot=config.nic_pci_slot,
         cpu_shares=res.cpu_shares,

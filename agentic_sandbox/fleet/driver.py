@@ -220,6 +220,20 @@ class Volumes(Protocol):
     async def put_file(self, kind: str, name: str, source: str, *, mode: int = 0o600) -> str:
         """Upload a file of this machine into a store; returns its path on the host."""
 
+    async def verified_digest(self, kind: str, name: str) -> str | None:
+        """The SHA-256 recorded when ``name`` was put and read back; None if never."""
+
+    async def mark_verified(self, kind: str, name: str, sha256: str) -> None:
+        """Record that ``name`` reads back as ``sha256``."""
+
+    async def digest(self, path: str) -> str:
+        """The SHA-256 of a file as the host has it (read back over a stream if remote)."""
+
+    async def put_verified(
+        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+    ) -> str:
+        """`put_file`, read back and checked against ``sha256`` before it counts as there."""
+
     async def copy(self, src: str, kind: str, name: str) -> str: ...
 
     async def read_range(self, path: str, offset: int, length: int | None) -> bytes:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from .context import FleetContext
-from .driver import HostDriver
+from .driver import HostDriver, Volumes
 from .errors import Conflict, FleetError, HostUnavailable, InvalidRequest, NotFound
 from .index import InstanceIndex
 from .models import FleetEventKind, HostInfo, HostSpec, InstanceState, validate_name
@@ -41,6 +42,9 @@ class HostRegistry(Mapping[str, HostDriver]):
         self._make_driver = make_driver
         self._reconcile = reconcile
         self._hosts: dict[str, HostDriver] = {}
+        self._draining: set[str] = set()
+        self._image_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._source_digests: dict[tuple[str, int, int], str] = {}
         self.placement_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ mapping
@@ -104,6 +108,7 @@ class HostRegistry(Mapping[str, HostDriver]):
             self._index.pop(iid)
         self._states.forget_host(name)
         del self._hosts[name]
+        self._draining.discard(name)
         self._ctx.emit(FleetEventKind.HOST_REMOVED, host=name)
 
     async def close(self) -> None:
@@ -134,7 +139,51 @@ class HostRegistry(Mapping[str, HostDriver]):
             committed_vcpus=sum(e.record.vcpus for e in mine),
             committed_memory_mib=sum(e.record.memory_mib for e in mine),
             instances=len(mine),
+            draining=name in self._draining,
         )
+
+    def set_draining(self, name: str, draining: bool) -> bool:
+        """Stop (or resume) placing new instances on ``name``; what runs there stays. True
+        when that changed something."""
+        self.host(name)
+        if draining == (name in self._draining):
+            return False
+        if draining:
+            self._draining.add(name)
+        else:
+            self._draining.discard(name)
+        kind = FleetEventKind.HOST_DRAINING if draining else FleetEventKind.HOST_UNDRAINED
+        self._ctx.emit(kind, host=name)
+        return True
+
+    async def _source_sha256(self, path: str) -> str:
+        """The digest of a local image file, computed once per version of the file."""
+        st = await asyncio.to_thread(os.stat, path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        digest = self._source_digests.get(key)
+        if digest is None:
+            digest = await asyncio.to_thread(_file_sha256, path)
+            if len(self._source_digests) > 256:
+                self._source_digests.clear()
+            self._source_digests[key] = digest
+        return digest
+
+    def _image_lock(self, host: str, name: str) -> asyncio.Lock:
+        """One put of an image to a host at a time: parallel creates upload it once."""
+        return self._image_locks.setdefault((host, name), asyncio.Lock())
+
+    async def _has_image(self, vol: Volumes, name: str, dest: str, sha256: str) -> bool:
+        """The host has ``name`` when it was verified with this digest. A base from before
+        verification (no marker) is read back once: kept and marked when it matches."""
+        if not await vol.exists(dest):
+            return False
+        marked = await vol.verified_digest("bases", name)
+        if marked is not None:
+            return marked == sha256
+        if await vol.digest(dest) != sha256:
+            return False
+        await vol.mark_verified("bases", name, sha256)
+        return True
 
     async def host_loads(self) -> list[HostLoad]:
         loads = []
@@ -158,6 +207,7 @@ class HostRegistry(Mapping[str, HostDriver]):
                     committed_memory_mib=info.committed_memory_mib,
                     instances=info.instances,
                     groups=groups,
+                    draining=info.draining,
                 )
             )
         return loads
@@ -179,14 +229,23 @@ class HostRegistry(Mapping[str, HostDriver]):
         if not os.path.isabs(path) or not await asyncio.to_thread(os.path.isfile, path):
             raise InvalidRequest(f"image file {path!r} does not exist")
         targets = [host] if host else sorted(self._hosts)
+        sha256 = await self._source_sha256(path)
         out: dict[str, str] = {}
         for hn in targets:
             vol = self.host(hn).volumes
             dest = vol.path("bases", name)
-            if not replace and await vol.exists(dest):
-                out[hn] = dest
-                continue
-            out[hn] = await vol.put_file("bases", name, path, mode=0o644)
+            async with self._image_lock(hn, name):
+                if not replace and await self._has_image(vol, name, dest, sha256):
+                    out[hn] = dest
+                    continue
+                self._ctx.emit(FleetEventKind.IMAGE_UPLOADING, host=hn, detail=name)
+                out[hn] = await vol.put_verified("bases", name, path, sha256, mode=0o644)
+                self._ctx.emit(FleetEventKind.IMAGE_VERIFIED, host=hn, detail=f"{name} {sha256}")
         if not out:
             raise NotFound("no hosts to import into")
         return out
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

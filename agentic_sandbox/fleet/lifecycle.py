@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .build import NewInstance
 from .context import FleetContext
-from .domain_config import KernelPaths, domain_config, instance_record
+from .domain_config import KernelPaths, control_address, domain_config, instance_record
 from .driver import Domain, HostDriver, PowerState, require_reachable
 from .errors import Conflict, FleetError, InvalidRequest, NotFound
 from .hosts import HostRegistry
@@ -155,6 +155,7 @@ class Lifecycle:
                 uuid=str(uuidlib.uuid4()),
                 domain_type=h.domain_type,
                 boot=boot,
+                control=control_address(h.spec, self.ctx.config),
             )
             dom = await new.define(h.render(cfg))
             self.ctx.fault("defined")

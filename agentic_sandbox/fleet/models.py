@@ -6,6 +6,7 @@ malformed value reaches libvirt, the XML or a file name.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -35,6 +36,20 @@ def validate_name(value: str) -> str:
     if not isinstance(value, str) or not _NAME_RE.match(value) or ".." in value:
         raise ValueError(f"invalid name {value!r}: must match {NAME_PATTERN}")
     return value
+
+
+def validate_control_address(value: str) -> str:
+    """An IP literal a guest's forward can connect to (normalised; not unspecified/multicast)."""
+    try:
+        addr = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address (IPv4 or IPv6 literal)") from None
+    if addr.is_unspecified or addr.is_multicast:
+        raise ValueError(f"{value!r} cannot be connected to (unspecified or multicast)")
+    return str(addr)
+
+
+ControlAddress = Annotated[str, Field(max_length=45), AfterValidator(validate_control_address)]
 
 
 def validate_abs_path(value: str) -> str:
@@ -206,6 +221,11 @@ class HostSpec(_Input):
     )
     accel: Literal["auto", "kvm", "tcg"] = "auto"
     ssh_port_range: tuple[Port, Port] = (42200, 42999)
+    control_address: ControlAddress | None = Field(
+        default=None,
+        description="where this host's guests reach the control plane (the guest link "
+        "gateway: agent link and enrollment); None: the fleet's `control_address`",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HostSpec:
@@ -369,6 +389,7 @@ class HostInfo(BaseModel):
     committed_vcpus: int = 0
     committed_memory_mib: int = 0
     instances: int = 0
+    draining: bool = False
 
 
 class FleetEventKind(StrEnum):
@@ -386,6 +407,10 @@ class FleetEventKind(StrEnum):
     HOST_REMOVED = "host.removed"
     HOST_UNREACHABLE = "host.unreachable"
     HOST_RECONNECTED = "host.reconnected"
+    HOST_DRAINING = "host.draining"
+    IMAGE_UPLOADING = "image.uploading"
+    IMAGE_VERIFIED = "image.verified"
+    HOST_UNDRAINED = "host.undrained"
     ORPHAN_REMOVED = "fleet.orphan_removed"
     POOL_REFILLED = "pool.refilled"
 

@@ -20,6 +20,7 @@ class HostLoad:
     committed_memory_mib: int
     instances: int
     groups: Mapping[str, int] = field(default_factory=dict)  # anti-affinity group -> count
+    draining: bool = False  # takes no new instances
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ def choose_host(hosts: Sequence[HostLoad], req: PlacementRequest) -> str:
             continue
         if not h.reachable:
             reasons.append(f"{h.name}: unreachable")
+            continue
+        if h.draining:
+            reasons.append(f"{h.name}: draining")
             continue
         missing = [k for k, v in req.labels.items() if h.labels.get(k) != v]
         if missing:

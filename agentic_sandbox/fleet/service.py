@@ -95,6 +95,7 @@ class Fleet:
         self.remove_host = hosts.remove_host
         self.list_hosts = hosts.list_hosts
         self.host_info = hosts.host_info
+        self.set_draining = hosts.set_draining
         self.import_image = hosts.import_image
 
         self.create = life.create

@@ -20,7 +20,7 @@ import asyncio
 import logging
 
 from .context import FleetContext
-from .domain_config import CloneIdentity, net_config
+from .domain_config import CloneIdentity, control_address, net_config
 from .driver import HostDriver
 from .errors import Conflict, FleetError, InvalidRequest
 from .index import InstanceIndex
@@ -120,7 +120,10 @@ class SavedStates:
                     serial_log=e.record.serial_log,
                     seed=None,
                     net=net_config(
-                        e.record.egress, e.record.agent_port, e.record.ssh_port, self._ctx.config
+                        e.record.egress,
+                        e.record.agent_port,
+                        e.record.ssh_port,
+                        control_address(host.spec, self._ctx.config),
                     ),
                     record=record,
                 )

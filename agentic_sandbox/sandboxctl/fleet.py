@@ -302,15 +302,43 @@ async def image_list(c: AsyncClient, a: argparse.Namespace) -> None:
 
 
 async def host_add(c: AsyncClient, a: argparse.Namespace) -> None:
-    host = await c.hosts.add(a.name, a.uri, labels=kv(a.label or [], "--label"))
+    host = await c.hosts.add(
+        a.name,
+        a.uri,
+        labels=kv(a.label or [], "--label"),
+        control_address=a.control_address,
+        accel=a.accel,
+        data_dir=a.data_dir,
+        files=a.files,
+    )
     emit(doc(host), a.output)
+
+
+async def host_drain(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.hosts.drain(a.name)), a.output)
+
+
+async def host_undrain(c: AsyncClient, a: argparse.Namespace) -> None:
+    emit(doc(await c.hosts.undrain(a.name)), a.output)
 
 
 async def host_list(c: AsyncClient, a: argparse.Namespace) -> None:
     emit(
         doc(await c.hosts.list()),
         a.output,
-        ["name", "uri", "state", "labels", "free_memory_mib", "instances"],
+        [
+            "name",
+            "uri",
+            "control_address",
+            "state",
+            "draining",
+            "labels",
+            "committed_vcpus",
+            "cpus",
+            "committed_memory_mib",
+            "memory_mib",
+            "instances",
+        ],
     )
 
 
@@ -490,7 +518,15 @@ def register(nouns: Nouns) -> None:
     v.add_argument("name")
     v.add_argument("uri")
     v.add_argument("--label", action="append", help="KEY=VALUE (repeatable)")
+    v.add_argument(
+        "--control-address", help="where this host's guests reach the server (an IP address)"
+    )
+    v.add_argument("--accel", choices=["auto", "kvm", "tcg"])
+    v.add_argument("--data-dir", help="the host's directory for bases, instances, states")
+    v.add_argument("--files", choices=["auto", "local", "remote"])
     verb(g, "list", host_list, "list hosts")
+    verb(g, "drain", host_drain, "no new placements on a host").add_argument("name")
+    verb(g, "undrain", host_undrain, "a drained host takes placements again").add_argument("name")
 
     g = nouns.noun("loadout", "instance profiles")
     verb(g, "list", loadout_list, "list loadouts")

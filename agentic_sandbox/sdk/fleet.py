@@ -445,7 +445,13 @@ class AsyncHosts(Resource):
         capacity_vcpus: int | None = None,
         capacity_memory_mib: int | None = None,
         ssh_port_range: tuple[int, int] | None = None,
+        control_address: str | None = None,
+        accel: str | None = None,
+        data_dir: str | None = None,
+        files: str | None = None,
     ) -> Host:
+        """`control_address`: where this host's guests reach the server (an address its
+        guest link gateway listens on); `accel` auto|kvm|tcg; `files` auto|local|remote."""
         body = _drop_none(
             {
                 "name": name,
@@ -454,6 +460,10 @@ class AsyncHosts(Resource):
                 "capacity_vcpus": capacity_vcpus,
                 "capacity_memory_mib": capacity_memory_mib,
                 "ssh_port_range": list(ssh_port_range) if ssh_port_range else None,
+                "control_address": control_address,
+                "accel": accel,
+                "data_dir": data_dir,
+                "files": files,
             }
         )
         return await self._t.model(Host, "POST", f"{ADMIN}/hosts", json_body=body)
@@ -463,6 +473,13 @@ class AsyncHosts(Resource):
 
     async def get(self, name: str) -> Host:
         return await self._t.model(Host, "GET", f"{ADMIN}/hosts/{name}")
+
+    async def drain(self, name: str) -> Host:
+        """No new placements on the host (what runs there keeps running)."""
+        return await self._t.model(Host, "POST", f"{ADMIN}/hosts/{name}/drain")
+
+    async def undrain(self, name: str) -> Host:
+        return await self._t.model(Host, "DELETE", f"{ADMIN}/hosts/{name}/drain")
 
     async def remove(self, name: str, *, force: bool = False) -> None:
         """Refused while the host has instances, unless `force`."""

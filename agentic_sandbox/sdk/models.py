@@ -352,6 +352,8 @@ class Host(ApiModel):
     name: str
     uri: str
     labels: dict[str, str] = Field(default_factory=dict)
+    control_address: str = ""
+    files: str = ""
     state: str = ""
     reason: str = ""
     accel: str | None = None
@@ -361,6 +363,7 @@ class Host(ApiModel):
     committed_vcpus: int = 0
     committed_memory_mib: int = 0
     instances: int = 0
+    draining: bool = False
 
 
 class Image(ApiModel):

@@ -282,6 +282,8 @@ class Hosts(_Facade[AsyncHosts]):
     add = synced(AsyncHosts.add)
     list = synced(AsyncHosts.list)
     get = synced(AsyncHosts.get)
+    drain = synced(AsyncHosts.drain)
+    undrain = synced(AsyncHosts.undrain)
     remove = synced(AsyncHosts.remove)
 
 

@@ -115,15 +115,18 @@ def _ip(*args: str) -> None:
 
 
 class NamespaceHost:
-    def __init__(self, label: str) -> None:
+    """``network`` is the /16 the /30s come from; ``tag`` tells this use's netns and
+    interface names from other tests' (egress: 10.231, "e"; hypervisor hosts: 198.18, "h")."""
+
+    def __init__(self, label: str, *, network: str = "10.231", tag: str = "e") -> None:
         n = next(_count)
         slot = (os.getpid() * 7 + n) % 16000
-        self.name = f"sbxeg-{os.getpid()}-{n}"
-        self.host_if = f"sbxe{slot}h"
-        self.ns_if = f"sbxe{slot}n"
+        self.name = f"sbxeg-{os.getpid()}-{n}" if tag == "e" else f"sbx{tag}-{os.getpid()}-{n}"
+        self.host_if = f"sbx{tag}{slot}h"
+        self.ns_if = f"sbx{tag}{slot}n"
         base = 4 * slot
-        self.host_address = f"10.231.{base // 256}.{base % 256 + 1}"
-        self.address = f"10.231.{base // 256}.{base % 256 + 2}"
+        self.host_address = f"{network}.{base // 256}.{base % 256 + 1}"
+        self.address = f"{network}.{base // 256}.{base % 256 + 2}"
         self.label = label
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = Path(tempfile.mkdtemp(prefix=f"netns-{label}-"))

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from agentic_sandbox.broker.agentlink.ca import CertificateAuthority
 from agentic_sandbox.broker.agentlink.enrollment import Enrollment
-from agentic_sandbox.broker.agentlink.gateway import LinkGateway, Upstreams
+from agentic_sandbox.broker.agentlink.gateway import GatewayBindError, LinkGateway, Upstreams
 from agentic_sandbox.broker.agentlink.link import LinkHandler
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.service import AgentLinkService
@@ -113,8 +113,10 @@ class AgentLinkComponent:
         routes.api.install(app)
 
     def _tls_names(self) -> tuple[str, ...]:
-        names = list(self.svc.settings.grpc_tls_names)
-        for host, _ in (self.svc.settings.grpc_address, self.svc.settings.grpc_enroll_address):
+        settings = self.svc.settings
+        names = list(settings.grpc_tls_names)
+        hosts = [settings.grpc_address[0], settings.grpc_enroll_address[0]]
+        for host in [*hosts, *settings.guest_link_addresses]:
             if host not in ("", "0.0.0.0", "::") and host not in names:
                 names.append(host)
         return tuple(names)
@@ -154,13 +156,17 @@ class AgentLinkComponent:
                 enroll=(_reachable(settings.grpc_enroll_address[0]), self.ports["enroll"]),
             )
         )
-        gw_host, gw_port = settings.guest_link_address
         try:
-            self.ports["guest"] = await self.gateway.start(gw_host, gw_port)
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {settings.guest_link_listen} (guest link): {exc}"
-            ) from exc
+            self.ports["guest"] = await self.gateway.start(
+                settings.guest_link_hosts, settings.guest_link_address[1]
+            )
+        except GatewayBindError as exc:
+            setting = (
+                "guest_link_listen"
+                if exc.host == settings.guest_link_address[0]
+                else "guest_link_addresses"
+            )
+            raise StartupError(f"guest link ({setting}): {exc.strerror}") from exc
 
         async def ready() -> tuple[bool, str]:
             return True, f"{len(self.registry)} agents connected"

@@ -248,28 +248,52 @@ class GuestPipe(asyncio.Protocol):
             self.transport.close()
 
 
+class GatewayBindError(OSError):
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        super().__init__(cause.errno, f"cannot listen on {where}: {cause.strerror or cause}")
+        self.host = host
+
+
 class LinkGateway:
     def __init__(self, upstreams: Upstreams) -> None:
         self.upstreams = upstreams
         self.pipes: set[GuestPipe] = set()
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self.metrics_connections = 0  # guest connections passed on
         self.metrics_restarts = 0  # new connections found mid-pipe
         self.metrics_refused = 0
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, hosts: list[str], port: int) -> int:
+        """Listen on every one of ``hosts`` at one port (``port``, or the first one bound when
+        0). `GatewayBindError` names the address that could not be bound; nothing stays open."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: GuestPipe(self), host, port, reuse_address=True
-        )
-        bound: int = self._server.sockets[0].getsockname()[1]
-        log.info("guest link gateway listening", extra={"listen": f"{host}:{bound}"})
-        return bound
+        try:
+            for host in hosts:
+                try:
+                    server = await loop.create_server(
+                        lambda: GuestPipe(self), host, port, reuse_address=True
+                    )
+                except OSError as exc:
+                    raise GatewayBindError(host, port, exc) from exc
+                self._servers.append(server)
+                port = server.sockets[0].getsockname()[1]
+                log.info("guest link gateway listening", extra={"listen": f"{host}:{port}"})
+        except BaseException:
+            await self.stop()
+            raise
+        return port
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where it listens (address, port) — one entry per socket."""
+        return [s.getsockname()[:2] for srv in self._servers for s in srv.sockets]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for pipe in list(self.pipes):
-                pipe.close()
-            await self._server.wait_closed()
-            self._server = None
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+        for pipe in list(self.pipes):
+            pipe.close()
+        for server in servers:
+            await server.wait_closed()

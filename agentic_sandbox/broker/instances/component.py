@@ -53,6 +53,10 @@ class FleetComponent:
                 qemu_group=s.qemu_group or None,
                 default_uri=s.libvirt_uri or "test:///default",
                 pool_refill_delay_s=s.pool_refill_delay_seconds,
+                keepalive_interval_s=s.host_keepalive_seconds,
+                keepalive_count=s.host_keepalive_count,
+                reconnect_max_s=s.host_reconnect_max_seconds,
+                reconnect_initial_s=min(0.2, s.host_reconnect_max_seconds),
             ),
             on_event=self._on_event,
             on_call=self._on_call,
@@ -130,6 +134,7 @@ class FleetComponent:
             log.error("%s", self.access_problem)
         await self.fleet.open(await self.hosts.specs(), known=await self.mirror.known_records())
         self.gate.opened = True
+        await self.hosts.restore_draining()
         for info in await self.fleet.list_hosts():
             accel = self.fleet.accel(info.spec.name)
             if accel is not None:

@@ -20,7 +20,14 @@ from agentic_sandbox.fleet import Fleet, FleetEvent, InstanceRecord
 
 log = logging.getLogger(__name__)
 
-HOST_LIST_EVENTS = ("host.unreachable", "host.reconnected", "host.added", "host.removed")
+HOST_LIST_EVENTS = (
+    "host.unreachable",
+    "host.reconnected",
+    "host.added",
+    "host.removed",
+    "host.draining",
+    "host.undrained",
+)
 
 
 def apply_record(row: m.Instance, rec: InstanceRecord, state: str, reason: str) -> None:
@@ -116,7 +123,7 @@ class InstanceMirror:
                 self._spawn(self._refresh_hosts())
             return
         if ev.instance_id is None:
-            if kind.startswith(("fleet.", "pool.")):
+            if kind.startswith(("fleet.", "pool.", "image.")):
                 log.info("fleet: %s %s", kind, ev.detail)
             return
         try:

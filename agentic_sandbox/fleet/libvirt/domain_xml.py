@@ -387,5 +387,6 @@ def preview_domain_xml(
         uuid=uuid or str(uuidlib.uuid4()),
         domain_type=domain_type,
         boot=boot,
+        control=config.control_address,
     )
     return build_domain_xml(cfg)

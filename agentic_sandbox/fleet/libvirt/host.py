@@ -252,6 +252,7 @@ class LibvirtHost:
     async def connect(self) -> None:
         self._loop = asyncio.get_running_loop()
         loop = self._loop
+        await self._probe_network()
         try:
             conn = await loop.run_in_executor(self.executor, libvirt.open, self.spec.uri)
         except libvirt.libvirtError as e:
@@ -446,6 +447,18 @@ class LibvirtHost:
                 log.exception("host %s: reconciliation after reconnect failed", self.name)
             return
 
+    async def _probe_network(self) -> None:
+        """A network host is first reached with a bounded TCP connect: `libvirt.open` has no
+        connect timeout, and a host whose packets vanish would hold an executor thread for
+        minutes on each attempt."""
+        endpoint = network_endpoint(self.spec.uri)
+        if endpoint is None:
+            return
+        why = await probe_endpoint(endpoint)
+        if why:
+            self.reason = why
+            raise HostUnavailable(f"host {self.name}: cannot connect: {why}")
+
     def start_reconnecting(self) -> None:
         if self._reconnect_task is None or self._reconnect_task.done():
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_loop())
@@ -465,6 +478,39 @@ class LibvirtHost:
         self.reason = "closed"
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._teardown, conn)
+
+
+NETWORK_PORTS = {"tcp": 16509, "tls": 16514, "ssh": 22, "libssh": 22, "libssh2": 22}
+PROBE_TIMEOUT_S = 2.0
+
+
+def network_endpoint(uri: str) -> tuple[str, int] | None:
+    """Where a network URI's libvirt (or ssh) listens; None for a local transport."""
+    parsed = urlparse(uri)
+    transport = parsed.scheme.partition("+")[2]
+    if transport not in NETWORK_PORTS or not parsed.hostname:
+        return None
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    return parsed.hostname, port or NETWORK_PORTS[transport]
+
+
+async def probe_endpoint(endpoint: tuple[str, int], within: float = PROBE_TIMEOUT_S) -> str:
+    """ "" when a TCP connection to ``endpoint`` opens ``within`` seconds, else why not."""
+    timeout = within
+    try:
+        async with asyncio.timeout(timeout):
+            _reader, writer = await asyncio.open_connection(*endpoint)
+    except TimeoutError:
+        return f"no answer from {endpoint[0]}:{endpoint[1]} within {timeout:g}s"
+    except OSError as e:
+        return f"{endpoint[0]}:{endpoint[1]}: {os.strerror(e.errno) if e.errno else e}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return ""
 
 
 def _find(conn: libvirt.virConnect, name: str, uuid: str = "") -> libvirt.virDomain | None:

@@ -38,6 +38,7 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection
 
@@ -51,6 +52,7 @@ from . import save_images
 POOL_KINDS = ("bases", "instances", "states")
 POOL_PREFIX = "sbx-"
 _CHUNK = 1 << 20
+DIGEST_SUFFIX = ".sha256"  # beside a verified image: its SHA-256, written after the readback
 
 
 def pool_name(kind: str, data_dir: str) -> str:
@@ -266,6 +268,66 @@ class HostStorage:
                 vol.delete(0)
             raise
         return str(vol.path())
+
+    # ------------------------------------------------------------------ verified images
+
+    def digest(self, path: str) -> str:
+        """The SHA-256 of a file on the host, as the host has it: read from disk when its
+        files are this machine's, else downloaded back over a storage stream."""
+        h = hashlib.sha256()
+        if self.files_local or self.virtual:
+            with open(path, "rb") as f:
+                hashlib.file_digest(f, lambda: h)
+            return h.hexdigest()
+        vol = self._vol(path)
+        if vol is None:
+            raise NotFound(f"no volume {path}")
+        size = int(vol.info()[1])
+        st = self.conn.newStream(0)
+        vol.download(st, 0, size, 0)
+
+        def sink(_st: libvirt.virStream, data: bytes, _o: object) -> int:
+            h.update(data)
+            return len(data)
+
+        st.recvAll(sink, None)
+        st.finish()
+        return h.hexdigest()
+
+    def verified_digest(self, kind: str, name: str) -> str | None:
+        """The digest recorded when ``name`` was last put and verified; None when it was
+        never verified (or the marker is unreadable)."""
+        marker = self.path(kind, name + DIGEST_SUFFIX)
+        try:
+            text = self.read_range(marker, 0, 128).decode("ascii", "replace").strip()
+        except NotFound:
+            return None
+        return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+
+    def put_verified(
+        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+    ) -> str:
+        """`put_file`, then read the copy back and check it against ``sha256``; only then is
+        a marker (`<name>.sha256`) written, so a half-done or corrupt upload is never taken
+        for the image. A mismatch removes the copy and fails naming both digests."""
+        marker = self.path(kind, name + DIGEST_SUFFIX)
+        self.delete(marker)  # no marker while the image is being replaced
+        dest = self.put_file(kind, name, source, mode=mode)
+        got = self.digest(dest)
+        if got != sha256:
+            self.delete(dest)
+            raise FleetError(
+                f"{name}: the copy on the host has sha256 {got}, expected {sha256}; removed"
+            )
+        self.mark_verified(kind, name, sha256)
+        return dest
+
+    def mark_verified(self, kind: str, name: str, sha256: str) -> None:
+        """Record that ``name`` was read back with ``sha256`` (its marker volume)."""
+        with tempfile.NamedTemporaryFile("w", suffix=DIGEST_SUFFIX) as f:
+            f.write(sha256 + "\n")
+            f.flush()
+            self.put_file(kind, name + DIGEST_SUFFIX, f.name, mode=0o644)
 
     def _virtual_volume(self, kind: str, name: str, size: int, backing: str | None = None) -> None:
         el = ET.Element("volume")

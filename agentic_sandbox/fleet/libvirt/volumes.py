@@ -49,6 +49,23 @@ class LibvirtVolumes:
             return await self._host.run(storage.put_file, kind, name, source)
         return await self._host.run(partial(storage.put_file, kind, name, source, mode=mode))
 
+    async def verified_digest(self, kind: str, name: str) -> str | None:
+        return await self._host.run(self._storage().verified_digest, kind, name)
+
+    async def mark_verified(self, kind: str, name: str, sha256: str) -> None:
+        await self._host.run(self._storage().mark_verified, kind, name, sha256)
+
+    async def digest(self, path: str) -> str:
+        return await self._host.run(self._storage().digest, path)
+
+    async def put_verified(
+        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+    ) -> str:
+        storage = self._storage()
+        return await self._host.run(
+            partial(storage.put_verified, kind, name, source, sha256, mode=mode)
+        )
+
     async def copy(self, src: str, kind: str, name: str) -> str:
         return await self._host.run(self._storage().copy, src, kind, name)
 

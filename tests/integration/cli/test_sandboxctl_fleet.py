@@ -398,6 +398,19 @@ async def test_operation_get_and_nested_fields_render_as_sub_tables(
     assert {tuple(first), tuple(second)} == {("zone", "a"), ("rack", "r1")}, out
     assert not lines[at + 1][:labels_col].strip(), out  # the continuation is under LABELS
     assert "{" not in out and "'" not in out, out
+    # where each host's guests reach the server, and what is committed of what it has
+    header = lines[0]
+    for col in ("CONTROL ADDRESS", "STATE", "COMMITTED VCPUS", "CPUS", "INSTANCES"):
+        assert col in header, out
+
+    def cell(col: str) -> str:
+        return lines[at][header.index(col) :].split()[0]
+
+    assert (cell("CONTROL ADDRESS"), cell("STATE")) == ("127.0.0.1", "reachable"), out
+    code, out, err = await cli.run_async(
+        "host", "add", "far", node_uri(tmp_path, "far"), "--control-address", "127.0.0.9"
+    )
+    assert code == 6 and "control_address" in err and "guest_link_addresses" in err, (out, err)
 
 
 async def test_loadout_apply_versions_activate(

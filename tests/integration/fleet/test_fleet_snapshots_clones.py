@@ -69,7 +69,13 @@ async def test_capture_and_clone_under_new_identities(env: Env) -> None:
         await f.delete(iid)
     await f.delete_state("py-v1")
     assert await f.list_states() == []
-    assert everything(env) == {"fleet/", "fleet/bases/", "fleet/bases/img", *POOL_DIRS}
+    assert everything(env) == {
+        "fleet/",
+        "fleet/bases/",
+        "fleet/bases/img",
+        "fleet/bases/img.sha256",
+        *POOL_DIRS,
+    }
 
 
 POOL_DIRS = ("fleet/instances/", "fleet/states/")

@@ -241,7 +241,7 @@ async def test_hosts_and_placement(fleet_server: Running, tmp_path: Any) -> None
     op = await create(
         r, {"id": "zoned", "image": IMAGE, "host_labels": {"zone": "b"}, "wait_ready": False}
     )
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", op["error"]
     _, inst, _ = await r.call("GET", "/api/v2/admin/instances/zoned")
     assert inst["host"] == "second"
     status, body, _ = await r.call("DELETE", "/api/v2/admin/hosts/second")
@@ -250,6 +250,100 @@ async def test_hosts_and_placement(fleet_server: Running, tmp_path: Any) -> None
         "POST", "/api/v2/admin/hosts", json={"name": "x", "uri": "http://no"}
     )
     assert status == 422
+
+
+async def test_a_hosts_control_address_is_where_the_gateway_listens_and_is_kept(
+    tmp_path: Any,
+) -> None:
+    """A host's guests reach the server at its control_address: one the guest link gateway
+    does not listen on is refused naming the field and the setting; an accepted one leads
+    that host's guest forwards and is kept across a restart, with accel, files, data_dir
+    (and a drain)."""
+    from agentic_sandbox.images import ImageStore
+    from tests.support.fake_images import publish_fake
+    from tests.support.inproc_server import make_settings, start_server
+    from tests.support.libvirt_testdriver import node_uri
+
+    publish_fake(ImageStore(tmp_path / "data" / "images"), IMAGE, recipe_name="fake")
+    settings = make_settings(
+        tmp_path,
+        libvirt_uri=node_uri(tmp_path, "local"),
+        kvm_probe=False,
+        guest_link_addresses=["127.0.0.2"],
+    )
+    uri = node_uri(tmp_path, "far")
+    body = {
+        "name": "far",
+        "uri": uri,
+        "labels": {"net": "far"},
+        "accel": "tcg",
+        "files": "remote",
+        "data_dir": str(tmp_path / "far-data"),
+    }
+    async with start_server(settings, components=lambda svc: [FleetComponent(svc)]) as r:
+        for bad, says in (("127.0.0.3", "guest_link_addresses"), ("far.example", "IP address")):
+            status, problem, _ = await r.call(
+                "POST", "/api/v2/admin/hosts", json={**body, "control_address": bad}
+            )
+            assert status == 422, problem
+            assert problem["errors"][0]["field"] == "body.control_address", problem
+            assert says in problem["detail"], problem
+        status, listing, _ = await r.call("GET", "/api/v2/admin/hosts")
+        assert [h["name"] for h in listing["items"]] == ["local"]  # nothing half-added
+        status, host, _ = await r.call(
+            "POST", "/api/v2/admin/hosts", json={**body, "control_address": "127.0.0.2"}
+        )
+        assert status == 201, host
+        assert host["control_address"] == "127.0.0.2" and host["files"] == "remote"
+        assert host["accel"] == "tcg"
+        _, local, _ = await r.call("GET", "/api/v2/admin/hosts/local")
+        assert local["control_address"] == "127.0.0.1"
+        status, _, _ = await r.call("POST", "/api/v2/admin/hosts/far/drain")
+        assert status == 200
+    async with start_server(settings, components=lambda svc: [FleetComponent(svc)]) as r:
+        _, host, _ = await r.call("GET", "/api/v2/admin/hosts/far")
+        assert host["control_address"] == "127.0.0.2" and host["labels"] == {"net": "far"}
+        assert host["draining"] is True  # a drain outlives a restart
+        fleet = next(c for c in r.server.components if isinstance(c, FleetComponent)).fleet
+        spec = fleet.hosts["far"].spec
+        assert (spec.accel, spec.files, spec.data_dir) == (
+            "tcg",
+            "remote",
+            str(tmp_path / "far-data"),
+        )
+
+
+async def test_a_drained_host_takes_no_new_placements_until_undrained(
+    fleet_server: Running, tmp_path: Any
+) -> None:
+    from tests.support.libvirt_testdriver import node_uri
+
+    r = fleet_server
+    status, _, _ = await r.call(
+        "POST", "/api/v2/admin/hosts", json={"name": "second", "uri": node_uri(tmp_path, "s")}
+    )
+    assert status == 201
+    op = await create(r, {"id": "before", "image": IMAGE, "host": "local", "wait_ready": False})
+    assert op["state"] == "succeeded", op
+    status, host, _ = await r.call("POST", "/api/v2/admin/hosts/local/drain")
+    assert status == 200 and host["draining"] is True, host
+    status, _, _ = await r.call("POST", "/api/v2/admin/hosts/nope/drain")
+    assert status == 404
+    for i in range(2):  # local is emptier than nothing only by its name: both go to second
+        op = await create(r, {"id": f"new-{i}", "image": IMAGE, "wait_ready": False})
+        assert op["state"] == "succeeded", op
+        _, inst, _ = await r.call("GET", f"/api/v2/admin/instances/new-{i}")
+        assert inst["host"] == "second"
+    op = await create(r, {"id": "pinned", "image": IMAGE, "host": "local", "wait_ready": False})
+    assert op["state"] == "failed" and "local: draining" in str(op), op
+    _, inst, _ = await r.call("GET", "/api/v2/admin/instances/before")
+    assert inst["state"] == "running" and inst["host"] == "local"  # what ran there still runs
+    status, events, _ = await r.call("GET", "/api/v1/events?type=host.draining&limit=10")
+    assert [e["host"] for e in events["items"]] == ["local"], events
+    status, host, _ = await r.call("DELETE", "/api/v2/admin/hosts/local/drain")
+    assert status == 200 and host["draining"] is False
+    op = await create(r, {"id": "after", "image": IMAGE, "host": "local", "wait_ready": False})
+    assert op["state"] == "succeeded", op
 
 
 async def test_loadouts_and_images_are_listed(fleet_server: Running) -> None:

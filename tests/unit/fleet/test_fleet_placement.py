@@ -91,3 +91,10 @@ def test_spreading_follows_commitments_not_a_noisy_free_memory_sample() -> None:
 def test_free_memory_breaks_a_tie_between_equally_committed_hosts() -> None:
     hosts = [host("a", free_memory_mib=3000), host("b", free_memory_mib=7000)]
     assert choose_host(hosts, PlacementRequest(1, 512)) == "b"
+
+
+def test_a_draining_host_takes_nothing_new_pinned_or_not() -> None:
+    hosts = [host("a", draining=True), host("b", committed_memory_mib=6000, instances=5)]
+    assert choose_host(hosts, PlacementRequest(1, 512)) == "b"  # though a is emptier
+    with pytest.raises(NoCapacity, match="a: draining"):
+        choose_host(hosts, PlacementRequest(1, 512, pinned="a"))

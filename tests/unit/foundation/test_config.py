@@ -114,3 +114,24 @@ def test_node_name_defaults_to_the_host_name_and_is_checked(
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert "node_name" in str(info.value) and "SANDBOX_NODE_NAME" in str(info.value)
+
+
+def test_guest_link_addresses_are_ip_literals_bound_beside_guest_link_listen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = load_settings()
+    assert s.guest_link_hosts == ["127.0.0.1"]
+    assert s.guest_link_reaches("127.0.0.1") and not s.guest_link_reaches("198.18.0.1")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", '["198.18.0.1", "fd00::0:1", "127.0.0.1"]')
+    s = load_settings()
+    assert s.guest_link_hosts == ["127.0.0.1", "198.18.0.1", "fd00::1"]
+    assert s.guest_link_reaches("198.18.0.1") and s.guest_link_reaches("fd00::1")
+    assert not s.guest_link_reaches("198.18.0.5")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_LISTEN", "0.0.0.0:8124")
+    monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", "[]")
+    s = load_settings()
+    assert s.guest_link_reaches("198.18.0.5") and not s.guest_link_reaches("fd00::1")
+    for bad in ('["gateway.example"]', '["0.0.0.0"]', '["198.18.0.1:8124"]'):
+        monkeypatch.setenv("SANDBOX_GUEST_LINK_ADDRESSES", bad)
+        with pytest.raises(ConfigError, match="SANDBOX_GUEST_LINK_ADDRESSES"):
+            load_settings()

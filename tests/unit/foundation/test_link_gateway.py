@@ -12,6 +12,7 @@ import pytest
 from agentic_sandbox.broker.agentlink.gateway import (
     ESTABLISHED,
     RESET,
+    GatewayBindError,
     LinkGateway,
     Upstreams,
     parse_connect,
@@ -54,7 +55,7 @@ async def gateway() -> AsyncIterator[tuple[LinkGateway, int, Upstream, Upstream]
             link=("127.0.0.1", await link.start()), enroll=("127.0.0.1", await enroll.start())
         )
     )
-    port = await gw.start("127.0.0.1", 0)
+    port = await gw.start(["127.0.0.1"], 0)
     yield gw, port, link, enroll
     await gw.stop()
     for up in (link, enroll):
@@ -167,3 +168,39 @@ def test_connect_requests_are_parsed_by_h11() -> None:
         parse_connect(b"CONNECT evil.agentic-sandbox.invalid:1 HTTP/1.1\r\nHost: x\r\n\r\n") is None
     )
     assert parse_connect(b"CONNECT \x00\x01 garbage\r\n\r\n") is None
+
+
+async def test_one_gateway_listens_on_several_addresses_at_one_port() -> None:
+    """A host's guests reach the gateway at that host's control_address: every address listed
+    is bound at the first one's port, and each passes guests on alike."""
+    link = Upstream("link")
+    gw = LinkGateway(Upstreams(link=("127.0.0.1", await link.start()), enroll=("127.0.0.1", 1)))
+    try:
+        port = await gw.start(["127.0.0.1", "127.0.0.2"], 0)
+        assert sorted(gw.addresses) == [("127.0.0.1", port), ("127.0.0.2", port)]
+        for host in ("127.0.0.1", "127.0.0.2"):
+            reader, writer = await asyncio.open_connection(host, port)
+            await _read_exactly(reader, RESET)
+            writer.write(LINK + host.encode())
+            await _read_exactly(reader, ESTABLISHED)
+            await _read_exactly(reader, b"link:" + host.encode())
+            writer.close()
+    finally:
+        await gw.stop()
+        assert link.server is not None
+        link.server.close()
+
+
+async def test_an_address_that_cannot_be_bound_is_named_and_nothing_stays_open() -> None:
+    taken = await asyncio.start_server(lambda r, w: None, "127.0.0.2", 0)
+    port = taken.sockets[0].getsockname()[1]
+    gw = LinkGateway(Upstreams(link=("127.0.0.1", 1), enroll=("127.0.0.1", 1)))
+    try:
+        with pytest.raises(GatewayBindError, match=rf"127\.0\.0\.2:{port}") as err:
+            await gw.start(["127.0.0.1", "127.0.0.2"], port)
+        assert err.value.host == "127.0.0.2"
+        assert gw.addresses == []
+        with pytest.raises(OSError):  # the first address was let go as well
+            await asyncio.open_connection("127.0.0.1", port)
+    finally:
+        taken.close()

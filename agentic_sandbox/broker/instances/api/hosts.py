@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import ipaddress
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
@@ -15,6 +16,7 @@ from agentic_sandbox.broker.instances.keys import HOSTS
 from agentic_sandbox.fleet import HostInfo
 
 api = FleetRoutes()
+LOOPBACK = "127.0.0.1"  # the fleet's control_address (`FleetConfig`) as the server builds it
 
 
 class HostCreate(Input):
@@ -26,6 +28,42 @@ class HostCreate(Input):
     capacity_vcpus: int | None = Field(default=None, ge=1)
     capacity_memory_mib: int | None = Field(default=None, ge=256)
     ssh_port_range: tuple[int, int] | None = None
+    control_address: str | None = Field(
+        default=None,
+        max_length=45,
+        description="where this host's guests reach this server (an IP literal the guest "
+        "link gateway listens on: guest_link_listen or guest_link_addresses); default: "
+        "127.0.0.1, for a host on this machine",
+    )
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        default="auto",
+        description="auto probes KVM on the host; name tcg for a host without a usable KVM",
+    )
+    data_dir: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^/",
+        description="where the host keeps bases, instances and states (an absolute path on "
+        "the host); default: this server's fleet directory",
+    )
+    files: Literal["auto", "local", "remote"] = Field(
+        default="auto",
+        description="remote: the host's files only through libvirt storage streams; auto: "
+        "local when the URI names no remote host",
+    )
+
+    @field_validator("control_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            addr = ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("must be an IP address (IPv4 or IPv6 literal)") from None
+        if addr.is_unspecified or addr.is_multicast:
+            raise ValueError("must be one address guests can connect to")
+        return str(addr)
 
     @field_validator("ssh_port_range")
     @classmethod
@@ -39,6 +77,8 @@ class HostOut(Output):
     name: str
     uri: str
     labels: dict[str, str]
+    control_address: str = Field(description="where this host's guests reach this server")
+    files: str
     state: str
     reason: str
     accel: str | None
@@ -48,6 +88,7 @@ class HostOut(Output):
     committed_vcpus: int
     committed_memory_mib: int
     instances: int
+    draining: bool = Field(description="takes no new placements (POST …/drain)")
 
 
 class HostList(Output):
@@ -63,6 +104,8 @@ def host_out(info: HostInfo) -> HostOut:
         name=info.spec.name,
         uri=info.spec.uri,
         labels=dict(info.spec.labels),
+        control_address=info.spec.control_address or LOOPBACK,
+        files=info.spec.files,
         state="reachable" if info.reachable else "unreachable",
         reason=info.reason,
         accel=info.accel.value if info.accel is not None else None,
@@ -72,6 +115,7 @@ def host_out(info: HostInfo) -> HostOut:
         committed_vcpus=info.committed_vcpus,
         committed_memory_mib=info.committed_memory_mib,
         instances=info.instances,
+        draining=info.draining,
     )
 
 
@@ -105,6 +149,10 @@ async def add_host(call: Call[HostCreate, NoQuery]) -> HostOut:
         capacity_vcpus=b.capacity_vcpus,
         capacity_memory_mib=b.capacity_memory_mib,
         ssh_port_range=b.ssh_port_range,
+        control_address=b.control_address,
+        accel=b.accel,
+        data_dir=b.data_dir,
+        files=b.files,
     )
     return host_out(info)
 
@@ -131,3 +179,27 @@ async def remove_host(call: Call[NoBody, HostRemoveQuery]) -> None:
     await call.app[HOSTS].remove(
         call.require_principal(), call.match["name"], force=call.query.force
     )
+
+
+@api.post(
+    "/api/v2/admin/hosts/{name}/drain",
+    response=HostOut,
+    role=Role.admin,
+    summary="Drain a host: no new placements there (what runs there keeps running)",
+    tag="hosts",
+)
+async def drain_host(call: Call[NoBody, NoQuery]) -> HostOut:
+    hosts = call.app[HOSTS]
+    return host_out(await hosts.set_draining(call.require_principal(), call.match["name"], True))
+
+
+@api.delete(
+    "/api/v2/admin/hosts/{name}/drain",
+    response=HostOut,
+    role=Role.admin,
+    summary="Undrain a host: it takes new placements again",
+    tag="hosts",
+)
+async def undrain_host(call: Call[NoBody, NoQuery]) -> HostOut:
+    hosts = call.app[HOSTS]
+    return host_out(await hosts.set_draining(call.require_principal(), call.match["name"], False))

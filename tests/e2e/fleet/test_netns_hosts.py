@@ -1,0 +1,208 @@
+"""Hypervisors across a network: hosts in network namespaces the test makes, each with its own
+libvirtd reached over ``qemu+tcp://``; a guest there reaches the control plane at that host's
+`control_address` (the host side of its veth); the host cut off and brought back.
+
+The guest is the tiny one (`tests/support/tiny_guest.py`): its ``sbx.probe`` connects through
+the guest forward (10.0.2.2:<agent port>) the way an agent would, so no Debian boot is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from agentic_sandbox.fleet import (
+    Fleet,
+    FleetConfig,
+    FleetError,
+    FleetEvent,
+    HostSpec,
+    InstanceState,
+    NoCapacity,
+)
+from tests.support import tiny_guest
+from tests.support.fleet_real_env import RealEnv, wait_log
+from tests.support.netns_libvirt import NamespaceHypervisor
+from tests.support.polling import until
+
+pytestmark = pytest.mark.libvirt_real
+
+
+class ControlListener:
+    """What stands for the guest link gateway: a TCP server on a host's control address that
+    answers a line with "pong" and records each peer and what it sent."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[tuple[str, bytes]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                continue
+            # QEMU's chardev connects at start and holds the connection until the guest speaks
+            threading.Thread(target=self._handle, args=(conn, peer[0]), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, peer: str) -> None:
+        with conn:
+            conn.settimeout(120)
+            with contextlib.suppress(OSError):
+                data = conn.recv(4096)
+                if data:
+                    self.received.append((peer, data))
+                    conn.sendall(b"pong\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def _netns_names() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_namespace_hypervisors_answer_over_tcp_on_their_address_only() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("namespace hypervisors need root (ip netns, unshare -m)")
+    with NamespaceHypervisor("a") as a, NamespaceHypervisor("b") as b:
+        assert a.address != b.address and a.data_dir != b.data_dir
+        for h in (a, b):
+            conn = libvirt.open(h.uri)
+            try:
+                assert conn.listAllNetworks(0) == []  # its own daemon: no networks, no bridges
+                assert conn.listAllDomains(0) == []
+            finally:
+                conn.close()
+            assert h.listening() == [f"{h.address}:16509"]
+            pids = [int((h.root / n).read_text()) for n in ("libvirtd.pid", "virtlogd.pid")]
+            names, roots = (a.ns.name, b.ns.name), (a.root, b.root)
+    listed = _netns_names()
+    assert not any(n in listed for n in names), listed
+    assert not any(r.exists() for r in roots)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+@pytest.fixture
+async def far() -> AsyncIterator[tuple[RealEnv, NamespaceHypervisor]]:
+    """A fleet whose one host is a namespace hypervisor, with the tiny guest's images on it."""
+    if os.geteuid() != 0:
+        pytest.fail("namespace hypervisors need root (ip netns, unshare -m)")
+    try:
+        guest = tiny_guest.build()
+    except tiny_guest.TinyGuestUnavailable as e:
+        pytest.fail(f"the real fleet tier cannot run: {e}")
+    with NamespaceHypervisor("far") as h:
+        events: list[FleetEvent] = []
+        fleet = Fleet(
+            FleetConfig(
+                data_dir=str(h.root / "control"),
+                shutdown_timeout_s=3,
+                reconnect_initial_s=0.1,
+                reconnect_max_s=1.0,
+                keepalive_interval_s=1,
+                keepalive_count=3,
+            ),
+            on_event=events.append,
+        )
+        env = RealEnv(fleet, events, h.root, guest)
+        try:
+            await fleet.open(
+                [
+                    HostSpec(
+                        name="far",
+                        uri=h.uri,
+                        accel="tcg",
+                        files="remote",
+                        data_dir=h.data_dir,
+                        control_address=h.control_address,
+                    )
+                ]
+            )
+            for name, path in (
+                ("tiny-kernel", guest.kernel),
+                ("tiny-initrd", guest.initrd),
+                ("tiny-base", guest.base_disk),
+            ):
+                await fleet.import_image(name, str(path), host="far")
+                # uploaded over the network, read back over a stream and checked: marked
+                with open(path, "rb") as src:
+                    want = hashlib.file_digest(src, "sha256").hexdigest()
+                assert await fleet.hosts["far"].volumes.verified_digest("bases", name) == want
+            yield env, h
+        finally:
+            with contextlib.suppress(Exception):
+                h.link(up=True)
+            for inst in list(fleet.index):
+                with contextlib.suppress(FleetError, Exception):
+                    await fleet.delete(inst)
+            await fleet.close()
+
+
+async def test_a_guest_on_a_namespace_host_reaches_its_control_address_and_outlives_a_cut(
+    far: tuple[RealEnv, NamespaceHypervisor],
+) -> None:
+    env, h = far
+    f = env.fleet
+    gateway = ControlListener(h.control_address)
+    try:
+        inst = await f.create(
+            env.spec("far-1", agent_port=gateway.port, cmdline=f"sbx.probe={gateway.port}")
+        )
+        assert inst.host == "far"
+        try:
+            _, log = await wait_log(f, "far-1", rb"SBX-TICK 1\b", timeout=120)  # over a stream
+        except AssertionError as e:
+            on_disk = Path(f.index["far-1"].record.serial_log)
+            tail = on_disk.read_bytes()[-600:] if on_disk.exists() else b"(no file)"
+            raise AssertionError(f"{e}\non the host's disk: {tail!r}\n{h.log_tail(1500)}") from e
+        assert f"SBX-PROBE {gateway.port} ok".encode() in log, (log[-600:], gateway.received)
+        # QEMU runs in the namespace: its forward came over the veth, from the host's address
+        assert any(peer == h.address and b"hello-from-guest" in d for peer, d in gateway.received)
+
+        # the link goes down: the host's instance is unknown (not deleted), placements skip it
+        h.link(up=False)
+        await until(
+            lambda: f.index["far-1"].state is InstanceState.UNKNOWN,
+            timeout=30,
+            what="far-1 unknown after the cut",
+        )
+        assert "host.unreachable" in env.kinds()
+        assert not (await f.host_info("far")).reachable
+        with pytest.raises(NoCapacity, match="far"):
+            await f.create(env.spec("far-2", host="far"))
+        assert "far-2" not in f.index
+
+        # the link comes back: reconnected and reconciled; the guest ran on the whole time
+        h.link(up=True)
+        await until(
+            lambda: f.index["far-1"].state is InstanceState.RUNNING,
+            timeout=60,
+            what="far-1 reconciled after the link came back",
+        )
+        assert "host.reconnected" in env.kinds()
+        assert env.kinds("far-1").count("instance.lost") == 0
+        offset = len(await f.read_serial_log("far-1"))
+        await wait_log(f, "far-1", rb"SBX-TICK \d+", offset=offset)
+    finally:
+        gateway.close()
