@@ -11,7 +11,12 @@
   working;
 - cancel: TERM, then KILL after the grace period;
 - end: exit 0 -> completed, another code or a signal -> failed, a cancel -> canceled, a run
-  the agent lost (or that never comes back after a restart) -> failed with the reason.
+  the agent lost (or that never comes back after a restart) -> failed with the reason;
+- budget: the run's session carries the task's budget (the agent enforces it in the run's own
+  cgroup); a run that exceeds it fails with the named reason (`timeout`, `memory`, `pids`,
+  `output-limit`) leading its final status message, in `metadata.budgetExceeded` and in the
+  `task.failed` event; every run's usage (CPU time, peak memory, output bytes) goes into
+  `metadata.usage`, the run's row and the terminal `task.*` event.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from agentic_sandbox.broker.sessions import (
     SessionNotFound,
     SessionService,
     SessionSpec,
+    agent_budget_spec,
 )
 from agentic_sandbox.broker.tasks.errors import TaskNotCancelable, TaskNotWaiting
 from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks
@@ -124,7 +130,9 @@ class TaskRunner:
             user=plan.user,
             name=f"task {rec.id[:8]}",
             task_id=rec.id,
+            budget=agent_budget_spec(plan.budget) if plan.budget is not None else None,
         )
+        run.budget = plan.budget.model_dump(mode="json") if plan.budget is not None else None
         try:
             session_id = await self.sessions.create(spec, actor=SYSTEM_ACTOR)
         except asyncio.CancelledError:
@@ -162,7 +170,12 @@ class TaskRunner:
             actor=SYSTEM_ACTOR,
             cause=f"run {run.id} started in session {session_id}",
             metadata={"sessionId": session_id, "runId": run.id},
-            run_values={"session_id": session_id, "state": "running", "started_at": utcnow()},
+            run_values={
+                "session_id": session_id,
+                "state": "running",
+                "started_at": utcnow(),
+                "budget": run.budget,
+            },
         )
         run.start_timer = asyncio.get_running_loop().call_later(
             WORKING_WRITE_DELAY, self._store_start, live
@@ -302,6 +315,21 @@ class TaskRunner:
             meta["exitCode"] = status.code
         if status.signal:
             meta["exitSignal"] = status.signal
+        extra: dict[str, object] = {}
+        if status.usage is not None:
+            u = status.usage
+            meta["usage"] = {
+                "cpuSeconds": u.cpu_us / 1e6,
+                "peakMemoryBytes": u.peak_memory_bytes,
+                "outputBytes": u.output_bytes,
+                "enforcement": u.enforcement,
+            }
+            extra["usage"] = u.view()
+        if run.budget is not None:
+            meta["budget"] = run.budget
+        if status.exceeded and not run.cancel_requested:
+            meta["budgetExceeded"] = status.exceeded
+            extra["exceeded"] = status.exceeded
         if run.cancel_requested:
             to, run_state = TaskState.canceled, "canceled"
             how = f" (exit signal {status.signal})" if status.signal else ""
@@ -310,6 +338,9 @@ class TaskRunner:
         elif status.lost:
             to, run_state = TaskState.failed, "lost"
             cause = message = f"run lost: {status.reason or 'the agent no longer has it'}"
+        elif status.exceeded:
+            to, run_state = TaskState.failed, "exceeded"
+            cause = message = exceeded_message(status.exceeded, run.budget)
         elif status.code == 0:
             to, run_state = TaskState.completed, "exited"
             cause, message = "exit code 0", "completed (exit code 0)"
@@ -335,7 +366,9 @@ class TaskRunner:
                 "reason": status.reason or cause,
                 "ended_at": utcnow(),
                 "output_bytes": run.offset,
+                **_usage_values(status),
             },
+            event_data=extra,
         )
         try:
             await self.machine.advance(live, [start, end] if start is not None else [end])
@@ -357,6 +390,7 @@ class TaskRunner:
                 exit_code=status.code if status is not None else None,
                 ended_at=utcnow(),
                 output_bytes=run.offset,
+                **(_usage_values(status) if status is not None else {}),
             )
 
     # ---- HITL -----------------------------------------------------------------------------
@@ -467,6 +501,33 @@ class TaskRunner:
             pass
         except SessionError as exc:
             log.warning("signal %s to task %s failed: %s", sig, live.id, exc)
+
+
+BUDGET_WORDS = {
+    "timeout": ("timeout_seconds", "went past its {} s wall-clock budget"),
+    "memory": ("memory_mib", "hit its {} MiB memory budget"),
+    "pids": ("pids", "hit its budget of {} processes"),
+    "output-limit": ("output_bytes", "wrote more than its {} output bytes"),
+}
+
+
+def exceeded_message(reason: str, budget: dict[str, object] | None) -> str:
+    """`<reason>: the run …` — the final status message of a run its budget ended."""
+    name, text = BUDGET_WORDS.get(reason, ("", "exceeded its budget"))
+    value = (budget or {}).get(name) if name else None
+    if value is None:
+        return f"{reason}: the run exceeded its budget"
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{reason}: the run {text.format(shown)}"
+
+
+def _usage_values(status: ExitStatus) -> dict[str, object]:
+    """The run row's columns for its budget outcome and usage."""
+    out: dict[str, object] = {"exceeded": status.exceeded or None}
+    if status.usage is not None:
+        out["cpu_us"] = status.usage.cpu_us
+        out["peak_memory_bytes"] = status.usage.peak_memory_bytes
+    return out
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,11 +23,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
+from pydantic import ValidationError
 
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.sessions import SessionService
+from agentic_sandbox.broker.sessions import (
+    BudgetIn,
+    BudgetInvalid,
+    BudgetOut,
+    SessionService,
+    check_budget_support,
+    loadout_budgets,
+    resolve_budget,
+)
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks.errors import (
@@ -116,6 +126,24 @@ class MessageInput:
     data: Any
     has_data: bool
     skill_id: str
+    budget: BudgetIn = dataclasses.field(default_factory=BudgetIn)  # metadata `budget`
+
+
+def _asked_budget(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> BudgetIn:
+    for where, meta in (
+        ("message.metadata", message.get("metadata") or {}),
+        ("metadata", request_metadata or {}),
+    ):
+        if not isinstance(meta, dict) or "budget" not in meta:
+            continue
+        try:
+            return BudgetIn.model_validate(meta["budget"])
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            field = f"{where}.budget" + (f".{loc}" if loc else "")
+            raise InvalidTaskInput(f"{field}: {err['msg']}", field=field) from None
+    return BudgetIn()
 
 
 def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> MessageInput:
@@ -148,7 +176,9 @@ def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | No
                 )
             skill = value
             break
-    return MessageInput("\n".join(texts), data, has_data, skill)
+    return MessageInput(
+        "\n".join(texts), data, has_data, skill, _asked_budget(message, request_metadata)
+    )
 
 
 def request_hash(message: dict[str, Any], skill: str) -> str:
@@ -245,6 +275,7 @@ class TaskService:
                 offset=run.output_bytes,
                 persisted_offset=run.output_bytes,
                 emitted=bool(output),
+                budget=run.budget,
             )
         cause = "server restart"
         if rec.state is TaskState.submitted:
@@ -348,7 +379,11 @@ class TaskService:
         skill = profile.skill(inp.skill_id)
         if skill is None:
             raise Rejection(f"unknown skill {inp.skill_id!r}", "metadata.skillId")
-        return plan_run(
+        try:
+            budget = await self.run_budget(instance, inp.budget)
+        except InvalidTaskInput as exc:
+            raise Rejection(exc.message, exc.field) from None
+        plan = plan_run(
             profile,
             skill,
             text=inp.text,
@@ -357,6 +392,36 @@ class TaskService:
             task_id=rec.id,
             context_id=rec.context_id,
         )
+        return dataclasses.replace(plan, budget=budget)
+
+    async def run_budget(self, instance: m.Instance, asked: BudgetIn) -> BudgetOut:
+        """A run's budget: what the message asks, within the instance's loadout budgets
+        (InvalidTaskInput naming the field above a ceiling)."""
+        try:
+            return resolve_budget(
+                asked, await loadout_budgets(self.db, instance), where="metadata.budget"
+            )
+        except BudgetInvalid as exc:
+            raise InvalidTaskInput(exc.detail, field=exc.field) from None
+
+    def budget_problem(self, instance_id: str, budget: BudgetOut) -> str | None:
+        """Why the instance's agent cannot run this budget (None: it can)."""
+        sessions = self._sessions()
+        support = sessions.budget_support(instance_id) if sessions is not None else None
+        if support is None:
+            return None  # not connected: rejected as not ready
+        try:
+            check_budget_support(
+                budget,
+                support.enforcement,
+                support.budgets,
+                support.problem,
+                instance_id,
+                where="metadata.budget",
+            )
+        except BudgetInvalid as exc:
+            return f"{exc.field}: {exc.message}"
+        return None
 
     # ---- submit ---------------------------------------------------------------------------
     async def submit(
@@ -407,6 +472,7 @@ class TaskService:
         instance = await self.instance(instance_id)
         if instance is None or not (caller.is_admin or instance.owner == caller.subject):
             raise TaskNotFound(f"no instance {instance_id!r}", field="instance_id")
+        budget = await self.run_budget(instance, inp.budget)
         task_id = str(uuid.uuid4())
         context_id = str(message.get("contextId") or uuid.uuid4())
         user_msg = {**message, "taskId": task_id, "contextId": context_id}
@@ -442,8 +508,13 @@ class TaskService:
                 task_id=task_id,
                 context_id=context_id,
             )
+            plan = dataclasses.replace(plan, budget=budget)
         except Rejection as exc:
             rejection = f"invalid input: {exc.reason}"
+        if rejection is None:
+            unenforceable = self.budget_problem(instance_id, budget)
+            if unenforceable is not None:
+                rejection = f"budget not enforceable: {unenforceable}"
         if rejection is None and not self.agent_ready(instance_id):
             rejection = f"instance not ready: the agent of {instance_id!r} is not connected"
         admitted: bool | None = None  # None: not admitted; True: runs now; False: queued
