@@ -267,6 +267,22 @@ class TaskMachine:
         rec.updated_at = utcnow()
         self._schedule_flush(live)
 
+    def add_artifact(self, live: LiveTask, artifact: dict[str, Any]) -> None:
+        """Stream a whole artifact (an outbox file) now; it is stored with the task's end."""
+        rec = live.record
+        rec.file_artifacts.append(artifact)
+        self.live.emit(
+            live,
+            {
+                "artifactUpdate": {
+                    "taskId": rec.id,
+                    "contextId": rec.context_id,
+                    "artifact": artifact,
+                    "lastChunk": True,
+                }
+            },
+        )
+
     def _cap(self, live: LiveTask, text: str) -> str:
         cap = self.settings.task_output_max_bytes
         if live.truncated:

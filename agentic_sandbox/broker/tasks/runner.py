@@ -24,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import posixpath
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.sessions import (
     AgentUnavailable,
     ExitStatus,
@@ -41,6 +44,7 @@ from agentic_sandbox.broker.sessions import (
     agent_budget_spec,
 )
 from agentic_sandbox.broker.tasks.errors import TaskNotCancelable, TaskNotWaiting
+from agentic_sandbox.broker.tasks.files import TaskFileError, TaskFiles, WorkDir, outbox_artifacts
 from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks
 from agentic_sandbox.broker.tasks.machine import Step, TaskMachine
 from agentic_sandbox.broker.tasks.record import utcnow
@@ -66,7 +70,10 @@ class TaskRunner:
         cancel_grace: float,
         recovery_grace: float,
         on_run_end: Callable[[LiveTask], None],
+        settings: Settings | None = None,
     ) -> None:
+        self.settings = settings or Settings()
+        self.files: TaskFiles | None = None  # A2A file parts (files.py), when wired
         self.machine = machine
         self.live = live
         self._sessions = sessions
@@ -118,15 +125,38 @@ class TaskRunner:
         assert live.run is not None
         live.run.runner = self._spawn(self._follow(live), f"task-adopt-{live.id[:8]}")
 
+    def _workdir(self, instance_id: str, task_id: str) -> WorkDir | None:
+        files = self.files
+        if files is None or not files.available(instance_id):
+            return None
+        return WorkDir.of(self.settings.task_files_root, task_id)
+
+    async def _prepare_files(self, live: LiveTask, plan: RunPlan, work: WorkDir) -> None:
+        """The working directory, its outbox and the message's files, before the run."""
+        rec, files = live.record, self.files
+        assert files is not None
+        user = plan.user or ""
+        try:
+            await files.mkdir(rec.instance_id, rec.owner, work.outbox, user)
+            for f in plan.files:
+                path = posixpath.join(work.path, f.name)
+                await files.put(rec.instance_id, rec.owner, path, f.data, user)
+        except ProblemError as exc:
+            raise TaskFileError(exc.detail) from None
+
     async def _execute(self, live: LiveTask, plan: RunPlan) -> None:
         rec, run = live.record, live.run
         assert run is not None
+        work = self._workdir(rec.instance_id, rec.id)
+        env = dict(plan.env)
+        if work is not None:
+            env.update(work.env())
         spec = SessionSpec(
             instance_id=rec.instance_id,
             owner=rec.owner,
             command=list(plan.argv),
-            env=dict(plan.env),
-            cwd=plan.cwd,
+            env=env,
+            cwd=plan.cwd or (work.path if work is not None else None),
             user=plan.user,
             name=f"task {rec.id[:8]}",
             task_id=rec.id,
@@ -134,16 +164,21 @@ class TaskRunner:
         )
         run.budget = plan.budget.model_dump(mode="json") if plan.budget is not None else None
         try:
+            if work is not None:
+                await self._prepare_files(live, plan, work)
+            elif plan.files:
+                raise TaskFileError("the instance's agent does not transfer files")
             session_id = await self.sessions.create(spec, actor=SYSTEM_ACTOR)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reason = (
-                f"instance not ready: {exc}"
-                if isinstance(exc, AgentUnavailable)
-                else f"the run could not start: {exc}"
-            )
-            if not isinstance(exc, SessionError):
+            if isinstance(exc, AgentUnavailable):
+                reason = f"instance not ready: {exc}"
+            elif isinstance(exc, TaskFileError):
+                reason = f"the task's files could not be written: {exc}"
+            else:
+                reason = f"the run could not start: {exc}"
+            if not isinstance(exc, SessionError | TaskFileError):
                 log.exception("starting task %s failed", rec.id)
             try:
                 to = TaskState.canceled if run.cancel_requested else TaskState.rejected
@@ -311,6 +346,9 @@ class TaskRunner:
         rec = live.record
         self.machine.append_output(live, run.decoder.decode(b"", final=True), last_chunk=True)
         meta: dict[str, object] = {}
+        work = self._workdir(rec.instance_id, rec.id)
+        if work is not None and not status.lost and not rec.state.terminal:
+            await self._collect_outbox(live, work, meta)
         if status.code is not None:
             meta["exitCode"] = status.code
         if status.signal:
@@ -376,6 +414,28 @@ class TaskRunner:
             await self._end_run(live, run_state, cause, status)
         finally:
             self._on_run_end(live)
+
+    async def _collect_outbox(self, live: LiveTask, work: WorkDir, meta: dict[str, object]) -> None:
+        files, rec = self.files, live.record
+        assert files is not None
+        try:
+            arts = await outbox_artifacts(
+                files,
+                instance_id=rec.instance_id,
+                owner=rec.owner,
+                work=work,
+                inline_bytes=self.settings.task_file_inline_bytes,
+                public_url=self.settings.effective_public_url,
+            )
+        except TaskFileError as exc:
+            meta["outboxError"] = str(exc)[:500]
+            return
+        except Exception as exc:
+            log.exception("collecting the outbox of task %s failed", rec.id)
+            meta["outboxError"] = f"collecting the outbox failed: {type(exc).__name__}"
+            return
+        for art in arts:
+            self.machine.add_artifact(live, art)
 
     async def _end_run(
         self, live: LiveTask, state: str, reason: str, status: ExitStatus | None = None

@@ -47,8 +47,8 @@ from agentic_sandbox.broker.tasks.errors import (
     TaskNotCancelable,
     TaskNotFound,
     TaskNotWaiting,
-    UnsupportedContent,
 )
+from agentic_sandbox.broker.tasks.files import InFile, TaskFiles, check_files, file_part
 from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks, RunState, StreamEvent, Subscriber
 from agentic_sandbox.broker.tasks.machine import TaskMachine
 from agentic_sandbox.broker.tasks.push import PushConfigView, PushNotifier
@@ -127,6 +127,7 @@ class MessageInput:
     has_data: bool
     skill_id: str
     budget: BudgetIn = dataclasses.field(default_factory=BudgetIn)  # metadata `budget`
+    files: tuple[InFile, ...] = ()  # raw file parts, for the task's working directory
 
 
 def _asked_budget(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> BudgetIn:
@@ -146,9 +147,15 @@ def _asked_budget(message: dict[str, Any], request_metadata: dict[str, Any] | No
     return BudgetIn()
 
 
-def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> MessageInput:
-    """What a message asks for: its text, its data part and the skill (metadata `skillId`)."""
+def message_input(
+    message: dict[str, Any],
+    request_metadata: dict[str, Any] | None,
+    max_file_bytes: int = 8 * 1024 * 1024,
+) -> MessageInput:
+    """What a message asks for: its text, its data part, its files (files.py) and the skill
+    (metadata `skillId`)."""
     texts: list[str] = []
+    files: list[InFile] = []
     data: Any = None
     has_data = False
     for i, part in enumerate(message.get("parts") or []):
@@ -161,11 +168,8 @@ def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | No
                 )
             data, has_data = part["data"], True
         elif "raw" in part or "url" in part:
-            kind = "raw" if "raw" in part else "url"
-            raise UnsupportedContent(
-                f"file parts ({kind}) are not supported by this agent; send text or data",
-                field=f"message.parts[{i}].{kind}",
-            )
+            files.append(file_part(part, i, max_file_bytes))
+    check_files(files)
     skill = SHELL_SKILL_ID
     for meta in (message.get("metadata") or {}, request_metadata or {}):
         value = meta.get("skillId", meta.get("skill"))
@@ -177,7 +181,12 @@ def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | No
             skill = value
             break
     return MessageInput(
-        "\n".join(texts), data, has_data, skill, _asked_budget(message, request_metadata)
+        "\n".join(texts),
+        data,
+        has_data,
+        skill,
+        _asked_budget(message, request_metadata),
+        tuple(files),
     )
 
 
@@ -218,11 +227,18 @@ class TaskService:
             cancel_grace=settings.task_cancel_grace_seconds,
             recovery_grace=settings.task_recovery_grace_seconds,
             on_run_end=self.scheduler.run_ended,
+            settings=settings,
         )
         self.live.add_listener(push.on_event)
         self._listening = False
+        self.files: TaskFiles | None = None  # the files path (use_files), None in unit tests
         self._instances: dict[str, tuple[float, m.Instance | None]] = {}
         self._profiles: dict[tuple[Any, ...], AgentProfile] = {}
+
+    def use_files(self, files: TaskFiles) -> None:
+        """The files path for A2A file parts (wired in `broker/components.py`)."""
+        self.files = files
+        self.runner.files = files
 
     # ---- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -364,6 +380,9 @@ class TaskService:
             hit = self._profiles[key] = load_profile(instance.spec or {}, loadout_spec)
         return hit
 
+    def files_available(self, instance_id: str) -> bool:
+        return self.files is not None and self.files.available(instance_id)
+
     def agent_ready(self, instance_id: str) -> bool:
         sessions = self._sessions()
         return sessions is not None and sessions.agent_ready(instance_id)
@@ -374,7 +393,9 @@ class TaskService:
         if instance is None:
             raise Rejection("the instance no longer exists")
         first = rec.history[0] if rec.history else {"parts": []}
-        inp = message_input(first, rec.metadata.get("requestMetadata"))
+        inp = message_input(
+            first, rec.metadata.get("requestMetadata"), self.settings.task_file_max_bytes
+        )
         profile = await self.profile(instance)
         skill = profile.skill(inp.skill_id)
         if skill is None:
@@ -392,7 +413,7 @@ class TaskService:
             task_id=rec.id,
             context_id=rec.context_id,
         )
-        return dataclasses.replace(plan, budget=budget)
+        return dataclasses.replace(plan, budget=budget, files=inp.files)
 
     async def run_budget(self, instance: m.Instance, asked: BudgetIn) -> BudgetOut:
         """A run's budget: what the message asks, within the instance's loadout budgets
@@ -455,7 +476,7 @@ class TaskService:
         # 6. Push config is stored before any transition, so the first state change already
         #    notifies; only then is the run started (or queued when another server holds the
         #    slot).
-        inp = message_input(message, request_metadata)
+        inp = message_input(message, request_metadata, self.settings.task_file_max_bytes)
         message_id = str(message.get("messageId") or "")
         if not message_id:
             raise InvalidTaskInput("messageId is required", field="message.messageId")
@@ -508,13 +529,18 @@ class TaskService:
                 task_id=task_id,
                 context_id=context_id,
             )
-            plan = dataclasses.replace(plan, budget=budget)
+            plan = dataclasses.replace(plan, budget=budget, files=inp.files)
         except Rejection as exc:
             rejection = f"invalid input: {exc.reason}"
         if rejection is None:
             unenforceable = self.budget_problem(instance_id, budget)
             if unenforceable is not None:
                 rejection = f"budget not enforceable: {unenforceable}"
+        if rejection is None and inp.files and not self.files_available(instance_id):
+            rejection = (
+                f"files not supported: the agent of {instance_id!r} does not transfer files, "
+                "so the message's file parts cannot reach the run"
+            )
         if rejection is None and not self.agent_ready(instance_id):
             rejection = f"instance not ready: the agent of {instance_id!r} is not connected"
         admitted: bool | None = None  # None: not admitted; True: runs now; False: queued
@@ -597,7 +623,7 @@ class TaskService:
                 f"task {task_id} is {rec.state.value}; only a task in input-required takes a "
                 "follow-up message"
             )
-        if inp.has_data and not inp.text:
+        if (inp.has_data or inp.files) and not inp.text:
             raise InvalidTaskInput("the answer must be a text part", field="message.parts")
         user_msg = {**message, "contextId": rec.context_id}
         await self.runner.answer(live, inp.text, user_message=user_msg, actor=caller.actor)

@@ -122,6 +122,7 @@ class RunPlan:
     user: str | None = None
     cwd: str | None = None
     budget: BudgetOut | None = None  # within the instance's loadout budgets (service.py)
+    files: tuple[Any, ...] = ()  # InFile: the message's file parts (files.py)
 
 
 def validate_data(skill: SkillSpec, data: Any, present: bool) -> None:
