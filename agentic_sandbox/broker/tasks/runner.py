@@ -347,7 +347,7 @@ class TaskRunner:
         self.machine.append_output(live, run.decoder.decode(b"", final=True), last_chunk=True)
         meta: dict[str, object] = {}
         work = self._workdir(rec.instance_id, rec.id)
-        if work is not None and not status.lost and not rec.state.terminal:
+        if work is not None and not (status.lost or run.cancel_requested or rec.state.terminal):
             await self._collect_outbox(live, work, meta)
         if status.code is not None:
             meta["exitCode"] = status.code
