@@ -39,6 +39,7 @@ import contextlib
 import errno
 import logging
 import os
+import pwd
 import select
 import signal
 from collections.abc import Callable
@@ -119,6 +120,51 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ================================================================================== shared by runs
+def child_setup(
+    join_fds: list[int], user: pwd.struct_passwd | None, groups: list[int]
+) -> Callable[[], None]:
+    """What a run's child does between fork and exec (an exec's and a PTY session's alike):
+    join the run's cgroups (as root), then become the user. Only system calls on values the
+    parent prepared (`groups`: `os.getgrouplist` of the user)."""
+
+    def setup() -> None:
+        pid = str(os.getpid()).encode()
+        for fd in join_fds:
+            os.write(fd, pid)
+        if user is not None:
+            os.setgroups(groups)
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+
+    return setup
+
+
+def kill_run(cg: RunCgroup | None, pgid: int) -> None:
+    """SIGKILL everything of a run: its cgroup (when it has one) and its process group."""
+    if cg is not None:
+        cg.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def measured(usage: Usage, rusage: object | None) -> tuple[int, int]:
+    """(CPU µs, peak bytes) of a run: its cgroup's figures, else its exit status's rusage
+    (the children's CPU time, the largest process's RSS)."""
+    cpu = usage.cpu_us
+    if cpu is None and rusage is not None:
+        cpu = int((rusage.ru_utime + rusage.ru_stime) * 1_000_000)  # type: ignore[attr-defined]
+    peak = usage.peak_bytes
+    if peak is None and rusage is not None:
+        peak = int(rusage.ru_maxrss) * 1024  # type: ignore[attr-defined]
+    return cpu or 0, peak or 0
+
+
+def over_output(cap: int, written: int) -> int:
+    """Bytes written past an output budget of `cap` (0: none, or no budget)."""
+    return written - cap if cap and written > cap else 0
 
 
 # ================================================================================== a run's cgr

@@ -31,11 +31,19 @@ import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from agentic_sandbox.agent.cgroups import BudgetRefused, Cgroups, RunCgroup, Usage
+from agentic_sandbox.agent.cgroups import (
+    BudgetRefused,
+    Cgroups,
+    RunCgroup,
+    Usage,
+    child_setup,
+    kill_run,
+    measured,
+    over_output,
+)
 from agentic_sandbox.agent.streams import CHUNK, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -75,24 +83,6 @@ def _base_env(user: pwd.struct_passwd) -> dict[str, str]:
         "PATH": PATH,
         "LANG": os.environ.get("LANG", "C.UTF-8"),
     }
-
-
-def _child_setup(
-    join_fds: list[int], user: pwd.struct_passwd | None, groups: list[int]
-) -> Callable[[], None]:
-    """Runs in the child between fork and exec: join the run's cgroups (as root), then become
-    the user. Only system calls on values prepared by the parent."""
-
-    def setup() -> None:
-        pid = str(os.getpid()).encode()
-        for fd in join_fds:
-            os.write(fd, pid)
-        if user is not None:
-            os.setgroups(groups)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-
-    return setup
 
 
 def _nonblocking(fd: int) -> None:
@@ -204,7 +194,7 @@ class ExecRun:
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_child_setup(join, user if switch else None, groups),
+                preexec_fn=child_setup(join, user if switch else None, groups),
             )
         except OSError as exc:
             if cg is not None:
@@ -262,8 +252,7 @@ class ExecRun:
         self.written[ch] += len(data)
         if self._discard:
             return
-        cap = self.budget.output_bytes
-        over = self.written[STDOUT] + self.written[STDERR] - cap if cap else 0
+        over = over_output(self.budget.output_bytes, self.written[STDOUT] + self.written[STDERR])
         if over > 0:
             if len(data) > over:
                 self.stream.send(ch, data[: len(data) - over])
@@ -366,10 +355,7 @@ class ExecRun:
                 self._drop_output(ch)
 
     def _kill_all(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        kill_run(self.cgroup, self.pid)
 
     def _drop_output(self, ch: int) -> None:
         fd = self._outputs.pop(ch, None)
@@ -459,13 +445,5 @@ class ExecRun:
             else:
                 res.has_code = True
                 res.code = code
-        ru = self.rusage
-        cpu = usage.cpu_us
-        if cpu is None and ru is not None:
-            cpu = int((ru.ru_utime + ru.ru_stime) * 1_000_000)  # type: ignore[attr-defined]
-        peak = usage.peak_bytes
-        if peak is None and ru is not None:
-            peak = int(ru.ru_maxrss) * 1024  # type: ignore[attr-defined]
-        res.cpu_us = cpu or 0
-        res.peak_memory_bytes = peak or 0
+        res.cpu_us, res.peak_memory_bytes = measured(usage, self.rusage)
         return res

@@ -154,13 +154,19 @@ class AgentRuntime:
                 task_id=msg.task_id,
                 on_output=self.wake,
                 on_finish=self.wake,
+                budget=msg.budget if msg.HasField("budget") else None,
+                cgroups=self.cgroups,
             )
         except SpawnError as exc:
             log.warning("session %s could not start: %s", sid, exc)
             return self._opened(sid, error=str(exc))
         self.sessions[sid] = sess
         log.info(
-            "session %s started (pid %d)", sid, sess.pid, extra={"session_id": sid, "pid": sess.pid}
+            "session %s started (pid %d, %s)",
+            sid,
+            sess.pid,
+            sess.enforcement,
+            extra={"session_id": sid, "pid": sess.pid},
         )
         return self._opened(sid, pid=sess.pid)
 

@@ -9,6 +9,16 @@ PTY only as fast as the link drains and never loses a byte the server has not ac
 Exit: a pidfd says when the process ended; the session finishes once its output is drained
 (EOF on the PTY, or a short grace time when a leftover background process holds the PTY).
 
+Budget: a session opened with one (`OpenSession.budget`, a task run's or an admin's) runs in
+a cgroup of its own, joined between fork and exec, with the exec's limits and the same kernel
+notifications (`cgroups.py`); its wall-clock timeout is a timer and its output bytes are
+counted as the PTY is read. An exceeded budget kills all of the session (reason `timeout`,
+`memory`, `pids`, `output-limit` in its exit), and whatever the session leaves behind ends
+with it (its cgroup is removed). The exit also says what the session used: CPU time, peak
+memory (the cgroup's; without one, the exit status's rusage) and output bytes. A session
+without a budget runs where sessions always ran (the agent's own leaf cgroup), and processes it
+leaves behind live on.
+
 Sending: the session owns its flow state — what was sent on the current link (`sent`), what
 the server holds (`acked`) — and says what goes next (`next_message`): a small read (an echo) at
 once, a flood in messages of up to 64 KiB, waiting at most 2 ms to fill one.
@@ -29,6 +39,16 @@ from dataclasses import dataclass
 
 from ptyprocess import PtyProcess
 
+from agentic_sandbox.agent.cgroups import (
+    BudgetRefused,
+    Cgroups,
+    RunCgroup,
+    Usage,
+    child_setup,
+    kill_run,
+    measured,
+    over_output,
+)
 from agentic_sandbox.agent.ring import Ring
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -59,6 +79,11 @@ class ExitResult:
     code: int | None = None
     signal: str = ""
     error: str = ""
+    reason: str = ""  # the budget it exceeded: timeout, memory, pids, output-limit
+    cpu_us: int = 0
+    peak_memory_bytes: int = 0
+    output_bytes: int = 0
+    enforcement: str = "none"
 
 
 def _user_env(user: pwd.struct_passwd) -> dict[str, str]:
@@ -74,13 +99,16 @@ def _user_env(user: pwd.struct_passwd) -> dict[str, str]:
     return env
 
 
-def _switch_user(user: pwd.struct_passwd) -> Callable[[], None]:
-    def switch() -> None:
-        os.initgroups(user.pw_name, user.pw_gid)
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-
-    return switch
+def _limited(budget: pb.Budget | None) -> bool:
+    return budget is not None and any(
+        (
+            budget.timeout_ms,
+            budget.memory_bytes,
+            budget.cpu_millis,
+            budget.pids,
+            budget.output_bytes,
+        )
+    )
 
 
 class PtySession:
@@ -95,6 +123,8 @@ class PtySession:
         task_id: str,
         on_output: Callable[[], None],
         on_finish: Callable[[], None],
+        budget: pb.Budget | None = None,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         self.id = session_id
         self.proc = proc
@@ -122,6 +152,12 @@ class PtySession:
         self._drain_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self.budget = budget if budget is not None else pb.Budget()
+        self.cgroup = cgroup
+        self.enforcement = cgroup.enforcement if cgroup is not None else "none"
+        self.reason = ""  # the budget that ended it
+        self.rusage: object | None = None
+        self._budget_timer: asyncio.TimerHandle | None = None
 
     # ---- creation ----------------------------------------------------------------------------
     @classmethod
@@ -139,9 +175,11 @@ class PtySession:
         task_id: str,
         on_output: Callable[[], None],
         on_finish: Callable[[], None],
+        budget: pb.Budget | None = None,
+        cgroups: Cgroups | None = None,
     ) -> PtySession:
         me = pwd.getpwuid(os.geteuid())
-        preexec: Callable[[], None] | None = None
+        switch: pwd.struct_passwd | None = None
         if user and user != me.pw_name:
             try:
                 target = pwd.getpwnam(user)
@@ -149,7 +187,7 @@ class PtySession:
                 raise SpawnError(f"no such user {user!r}") from None
             if os.geteuid() != 0:
                 raise SpawnError(f"cannot run as {user!r}: the agent does not run as root")
-            preexec = _switch_user(target)
+            switch = target
         else:
             target = me
         full_env = _user_env(target)
@@ -158,18 +196,35 @@ class PtySession:
         workdir = cwd or (target.pw_dir if os.path.isdir(target.pw_dir) else "/")
         if not os.path.isdir(workdir):
             raise SpawnError(f"working directory {workdir!r} does not exist")
+        cg: RunCgroup | None = None
+        if _limited(budget) and cgroups is not None:
+            assert budget is not None
+            try:
+                cg = cgroups.create(f"session-{session_id}", budget)
+            except BudgetRefused as exc:
+                raise SpawnError(f"{exc.field}: {exc.message}") from None
+        groups = os.getgrouplist(switch.pw_name, switch.pw_gid) if switch is not None else []
         try:
+            join = cg.open_join_fds() if cg is not None else []
             proc = PtyProcess.spawn(
                 argv,
                 cwd=workdir,
                 env=full_env,
                 dimensions=(rows, cols),
-                preexec_fn=preexec,
+                preexec_fn=child_setup(join, switch, groups) if join or switch else None,
+                pass_fds=join,
             )
         except (OSError, ValueError) as exc:
+            if cg is not None:
+                cg.remove()
             raise SpawnError(f"cannot start {argv[0]!r}: {exc}") from None
         except Exception as exc:  # ptyprocess re-raises the child's exception type
+            if cg is not None:
+                cg.remove()
             raise SpawnError(f"cannot start {argv[0]!r}: {type(exc).__name__}: {exc}") from None
+        finally:
+            if cg is not None:
+                cg.close_join_fds()
         sess = cls(
             session_id,
             proc,
@@ -179,6 +234,8 @@ class PtySession:
             task_id=task_id,
             on_output=on_output,
             on_finish=on_finish,
+            budget=budget,
+            cgroup=cg,
         )
         sess._start()
         return sess
@@ -193,6 +250,12 @@ class PtySession:
             self._loop.call_later(0.1, self._poll_exit)
         else:
             self._loop.add_reader(self._pidfd, self._on_pidfd)
+        if self.budget.timeout_ms:
+            self._budget_timer = self._loop.call_later(
+                self.budget.timeout_ms / 1000.0, self.exceeded, "timeout"
+            )
+        if self.cgroup is not None:
+            self.cgroup.watch(self._loop, self.exceeded)
         self.update_flow()
 
     # ---- output ------------------------------------------------------------------------------
@@ -256,11 +319,17 @@ class PtySession:
     def exit_info(self) -> pb.ExitInfo | None:
         if self.exit is None:
             return None
+        e = self.exit
         return pb.ExitInfo(
-            has_code=self.exit.code is not None,
-            code=self.exit.code or 0,
-            signal=self.exit.signal,
-            error=self.exit.error,
+            has_code=e.code is not None,
+            code=e.code or 0,
+            signal=e.signal,
+            error=e.error,
+            reason=e.reason,
+            cpu_us=e.cpu_us,
+            peak_memory_bytes=e.peak_memory_bytes,
+            output_bytes=e.output_bytes,
+            enforcement=e.enforcement,
         )
 
     def inventory(self) -> pb.SessionInventory:
@@ -317,6 +386,17 @@ class PtySession:
             if not data:
                 self._on_eof()
                 break
+            if self.reason == "output-limit":
+                total += len(data)  # the session is being killed: drain the PTY, keep nothing
+                continue
+            over = over_output(self.budget.output_bytes, ring.end + len(data))
+            if over:
+                data = data[: len(data) - over]
+                if data:
+                    ring.append(data)
+                    total += len(data)
+                self.exceeded("output-limit")
+                continue
             ring.append(data)
             total += len(data)
             if len(data) < 1024:
@@ -336,6 +416,14 @@ class PtySession:
             self._reading = False
         if self.exit is not None:
             self._finish()
+
+    def exceeded(self, reason: str) -> None:
+        """A budget ends the session: kill all of it (the first reason is the one reported)."""
+        if self.reason or self.exit is not None:
+            return
+        self.reason = reason
+        log.info("session %s ends: %s", self.id, reason, extra={"session_id": self.id})
+        kill_run(self.cgroup, self.pid)
 
     # ---- input and control ----------------------------------------------------------------------
     def write_input(self, data: bytes) -> None:
@@ -405,7 +493,7 @@ class PtySession:
     # ---- exit ------------------------------------------------------------------------------------
     def _reap(self) -> bool:
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status, self.rusage = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
             self.exit = ExitResult(error="the process vanished")
             return True
@@ -444,6 +532,11 @@ class PtySession:
         if self._kill_timer is not None:
             self._kill_timer.cancel()
             self._kill_timer = None
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+            self._budget_timer = None
+        if self.cgroup is not None:
+            kill_run(self.cgroup, self.pid)  # a budgeted run is over when its command is
         if self.eof:
             self._finish()
         else:
@@ -468,10 +561,26 @@ class PtySession:
                         break
                     self.ring.append(data)
             self.eof = True
+        self._account()
         self.finished = True
         self._release()
         self._on_output()
         self._on_finish()
+
+    def _account(self) -> None:
+        """What the session used (and the budget the kernel enforced), into its exit."""
+        cg, e = self.cgroup, self.exit
+        usage = cg.usage() if cg is not None else Usage()
+        if not self.reason and cg is not None:
+            self.reason = cg.exceeded()
+        if cg is not None:
+            self.cgroup = None
+            cg.remove(self._loop)
+        if e is not None:
+            e.reason = self.reason
+            e.cpu_us, e.peak_memory_bytes = measured(usage, self.rusage)
+            e.output_bytes = self.ring.end
+            e.enforcement = self.enforcement
 
     def _release(self) -> None:
         if self._reading:
@@ -496,3 +605,9 @@ class PtySession:
             self.send_signal("HUP")
             self.finished = True
             self._release()
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+            self._budget_timer = None
+        if self.cgroup is not None:
+            cg, self.cgroup = self.cgroup, None
+            cg.remove()

@@ -35,6 +35,7 @@ def build_components(svc: Services) -> list[Component]:
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     execs = ExecComponent(svc, agent_link.registry)
     files = FilesComponent(svc, agent_link.registry)
+    tasks.service.use_files(files.task_files)  # A2A file parts in, outbox files out
     # egress streams from agents: bound to each link as it attaches
     egress = EgressComponent(svc, agent_link.registry)
     return [

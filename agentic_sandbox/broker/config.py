@@ -318,6 +318,21 @@ class Settings(BaseSettings):
         default=16 * 1024 * 1024, ge=1024, description="output kept in a task's artifact"
     )
     task_output_flush_seconds: float = Field(default=0.25, ge=0, le=10)
+    task_files_root: str = Field(
+        default="/tmp/a2a-tasks",
+        pattern=r"^/[^\x00]*[^/]$",
+        max_length=1024,
+        description="on the instance: each task's working directory (file parts, outbox)",
+    )
+    task_file_max_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=0, le=1024**3, description="largest incoming A2A file part"
+    )
+    task_file_inline_bytes: int = Field(
+        default=256 * 1024,
+        ge=0,
+        le=64 * 1024 * 1024,
+        description="outbox files up to this size come back as raw bytes (larger: a URL)",
+    )
     push_max_attempts: int = Field(default=5, ge=1, le=50)
     push_backoff_initial_seconds: float = Field(default=0.5, ge=0.01, le=600)
     push_backoff_max_seconds: float = Field(default=30.0, ge=0.01, le=3600)

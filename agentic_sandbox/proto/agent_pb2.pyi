@@ -372,12 +372,29 @@ class ExitInfo(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CPU_US_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
     has_code: _builtins.bool
     code: _builtins.int
     signal: _builtins.str
     """"INT", "TERM", "KILL", "HUP", … when killed by a signal"""
     error: _builtins.str
     """the process could not be started, or was lost"""
+    reason: _builtins.str
+    """the run's budget (OpenSession.budget): the one it exceeded (timeout, memory, pids,
+    output-limit; "" when none), and what the run used
+    """
+    cpu_us: _builtins.int
+    """user + system CPU time of every process of the session"""
+    peak_memory_bytes: _builtins.int
+    """the session cgroup's peak (else the largest process's RSS)"""
+    output_bytes: _builtins.int
+    """bytes the session wrote to its PTY"""
+    enforcement: _builtins.str
+    """cgroup-v2, cgroup-v1, none"""
     def __init__(
         self,
         *,
@@ -385,10 +402,15 @@ class ExitInfo(_message.Message):
         code: _builtins.int = ...,
         signal: _builtins.str = ...,
         error: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        cpu_us: _builtins.int = ...,
+        peak_memory_bytes: _builtins.int = ...,
+        output_bytes: _builtins.int = ...,
+        enforcement: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "has_code", b"has_code", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "cpu_us", b"cpu_us", "enforcement", b"enforcement", "error", b"error", "has_code", b"has_code", "output_bytes", b"output_bytes", "peak_memory_bytes", b"peak_memory_bytes", "reason", b"reason", "signal", b"signal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -690,6 +712,7 @@ class OpenSession(_message.Message):
     CWD_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cols: _builtins.int
     rows: _builtins.int
@@ -702,6 +725,10 @@ class OpenSession(_message.Message):
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def budget(self) -> Global___Budget:
+        """enforced as an exec's (own cgroup, wall clock, output bytes)"""
+
     def __init__(
         self,
         *,
@@ -713,10 +740,11 @@ class OpenSession(_message.Message):
         cwd: _builtins.str = ...,
         user: _builtins.str = ...,
         task_id: _builtins.str = ...,
+        budget: Global___Budget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

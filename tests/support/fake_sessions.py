@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from agentic_sandbox.broker.sessions.contract import (
     AgentUnavailable,
+    BudgetSupport,
     ExitStatus,
     OutputChunk,
     Prompt,
@@ -52,6 +53,8 @@ class FakeSessions:
         self.ignore_term = False
         self.unavailable_follow = 0  # follow_output raises AgentUnavailable this many times
         self.chunk = 1 << 30
+        # what the fake agents enforce (a host agent without cgroups by default)
+        self.support = BudgetSupport("none", ("timeout", "output_bytes"), "no cgroups here")
         self._running: set[asyncio.Future[None]] = set()
 
     # ---- test controls --------------------------------------------------------------------
@@ -86,6 +89,9 @@ class FakeSessions:
     # ---- contract -------------------------------------------------------------------------
     def agent_ready(self, instance_id: str) -> bool:
         return instance_id in self.ready
+
+    def budget_support(self, instance_id: str) -> BudgetSupport | None:
+        return self.support if instance_id in self.ready else None
 
     async def create(self, spec: SessionSpec, *, actor: str) -> str:
         if spec.instance_id not in self.ready:

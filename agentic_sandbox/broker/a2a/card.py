@@ -43,6 +43,17 @@ def agent_url(public_url: str, instance_id: str) -> str:
     return f"{public_url}/agents/{instance_id}"
 
 
+def files_note(root: str) -> str:
+    """Where a task's files go, for every skill's description (docs/a2a.md, "Files")."""
+    return (
+        f" Files: raw file parts of the message are written to the task's working directory "
+        f"{root}/<task id> (also $A2A_WORKDIR; the run's working directory unless the task "
+        f"runner sets one) before the run; regular files the run leaves in "
+        f"{root}/<task id>/outbox ($A2A_OUTBOX) come back as artifacts with file parts (raw "
+        "bytes when small, else a download URL under the admin files API)."
+    )
+
+
 def build_card(
     *,
     instance: m.Instance,
@@ -50,6 +61,7 @@ def build_card(
     public_url: str,
     server_version: str,
     extended: dict[str, Any] | None = None,
+    files_root: str = "/tmp/a2a-tasks",
 ) -> dict[str, Any]:
     """The unsigned card (cleaned)."""
     url = agent_url(public_url, instance.id)
@@ -67,11 +79,14 @@ def build_card(
         entry: dict[str, Any] = {
             "id": skill.id,
             "name": skill.name,
-            "description": skill.description,
+            "description": skill.description + files_note(files_root),
             "tags": skill.tags or [skill.id],
             "examples": skill.examples,
-            "inputModes": ["application/json"] if skill.input_schema else ["text/plain"],
-            "outputModes": ["text/plain"],
+            "inputModes": [
+                "application/json" if skill.input_schema else "text/plain",
+                "application/octet-stream",
+            ],
+            "outputModes": ["text/plain", "application/octet-stream"],
         }
         skills.append(entry)
         if skill.input_schema is not None:
@@ -134,8 +149,8 @@ def build_card(
             {"schemes": {"apiKey": {"list": ["a2a:read", "a2a:invoke"]}}},
             {"schemes": {"operatorToken": {"list": ["operator"]}}},
         ],
-        "defaultInputModes": ["text/plain", "application/json"],
-        "defaultOutputModes": ["text/plain"],
+        "defaultInputModes": ["text/plain", "application/json", "application/octet-stream"],
+        "defaultOutputModes": ["text/plain", "application/octet-stream"],
         "skills": skills,
     }
     cleaned: dict[str, Any] = clean_empty(card)

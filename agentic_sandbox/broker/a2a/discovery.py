@@ -70,6 +70,7 @@ async def agent_card(request: web.Request) -> web.StreamResponse:
         profile=profile,
         public_url=settings.effective_public_url,
         server_version=VERSION,
+        files_root=settings.task_files_root,
     )
     digest = hashlib.sha256(json.dumps(card, sort_keys=True).encode()).hexdigest()
     signed = await handler.cards.signed(card, instance=instance, cache_key=(instance.id, digest))

@@ -339,6 +339,7 @@ class A2AHandler:
             public_url=self.settings.effective_public_url,
             server_version=VERSION,
             extended=details,
+            files_root=self.settings.task_files_root,
         )
         signed = await self.cards.signed(card, instance=inst, cache_key=None)
         result: dict[str, Any] = json.loads(signed.body)

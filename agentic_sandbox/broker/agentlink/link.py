@@ -148,6 +148,7 @@ class AgentConnection:
                     cwd=req.cwd,
                     user=req.user,
                     task_id=req.task_id,
+                    budget=req.budget.to_pb() if req.budget is not None else None,
                 )
             )
         )

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentic_sandbox.broker.agentlink.stream_kinds import BudgetSpec
 from agentic_sandbox.proto import agent_pb2 as pb
 
 SignalName = Literal["INT", "TERM", "KILL", "HUP"]
@@ -31,10 +32,24 @@ class ExitReport:
     code: int | None  # None: no exit code (killed by a signal, or never started)
     signal: str = ""  # "INT", "TERM", "KILL", "HUP", … ("" when not killed by a signal)
     error: str = ""  # the process could not be started, or was lost
+    reason: str = ""  # the budget that ended it: timeout, memory, pids, output-limit ("" none)
+    cpu_us: int = 0  # what the session used
+    peak_memory_bytes: int = 0
+    output_bytes: int = 0
+    enforcement: str = ""  # how its budget was enforced: cgroup-v2, cgroup-v1, none
 
     @classmethod
     def from_pb(cls, info: pb.ExitInfo) -> ExitReport:
-        return cls(code=info.code if info.has_code else None, signal=info.signal, error=info.error)
+        return cls(
+            code=info.code if info.has_code else None,
+            signal=info.signal,
+            error=info.error,
+            reason=info.reason,
+            cpu_us=info.cpu_us,
+            peak_memory_bytes=info.peak_memory_bytes,
+            output_bytes=info.output_bytes,
+            enforcement=info.enforcement,
+        )
 
 
 @dataclass(slots=True)
@@ -117,6 +132,7 @@ class OpenRequest:
     cwd: str = ""
     user: str = ""
     task_id: str = ""
+    budget: BudgetSpec | None = None  # None: no budget (no cgroup of its own)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,15 @@ class BudgetSpec:
     pids: int = 0
     output_bytes: int = 0
 
+    def to_pb(self) -> pb.Budget:  # an exec's and a PTY session's (OpenSession.budget)
+        return pb.Budget(
+            timeout_ms=self.timeout_ms,
+            memory_bytes=self.memory_bytes,
+            cpu_millis=self.cpu_millis,
+            pids=self.pids,
+            output_bytes=self.output_bytes,
+        )
+
 
 @dataclass(slots=True)
 class ExecSpec:
@@ -235,13 +244,7 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
                 cwd=spec.cwd,
                 user=spec.user,
                 stdin=spec.stdin,
-                budget=pb.Budget(
-                    timeout_ms=b.timeout_ms,
-                    memory_bytes=b.memory_bytes,
-                    cpu_millis=b.cpu_millis,
-                    pids=b.pids,
-                    output_bytes=b.output_bytes,
-                ),
+                budget=b.to_pb(),
             )
         )
     if isinstance(spec, FileUpload):

@@ -7,33 +7,11 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from agentic_sandbox.broker.http.schemas import Input, Output
+from agentic_sandbox.broker.sessions import BudgetIn, BudgetOut
 
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 Arg = Annotated[str, StringConstraints(max_length=32768)]
 Reason = Literal["timeout", "memory", "pids", "output-limit", "canceled"]
-
-
-class BudgetIn(Input):
-    """Lower (never raise past the loadout's ceiling) what the run may use; unset fields take
-    the loadout's defaults."""
-
-    timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)
-    memory_mib: int | None = Field(default=None, ge=4, le=4 * 1024 * 1024)
-    cpus: float | None = Field(default=None, ge=0.01, le=1024, description="CPU quota")
-    pids: int | None = Field(default=None, ge=1, le=4_194_304, description="processes+threads")
-    output_bytes: int | None = Field(
-        default=None, ge=1, le=1024**4, description="stdout + stderr the command may write"
-    )
-
-
-class BudgetOut(Output):
-    """The budget a run had (null: no limit)."""
-
-    timeout_seconds: float | None
-    memory_mib: int | None
-    cpus: float | None
-    pids: int | None
-    output_bytes: int | None
 
 
 class ExecRequest(Input):

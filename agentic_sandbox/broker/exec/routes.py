@@ -13,13 +13,13 @@ from typing import Any
 from aiohttp import web
 
 from agentic_sandbox.broker.auth.principal import Role
-from agentic_sandbox.broker.exec.budgets import instance_budgets
 from agentic_sandbox.broker.exec.models import ExecOut, ExecRequest
 from agentic_sandbox.broker.exec.service import ExecPlan, ExecService
 from agentic_sandbox.broker.http.problems import not_ready
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoQuery
 from agentic_sandbox.broker.instances import LOADOUTS, instance_to_change
 from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.sessions import instance_budgets
 
 api = ApiRoutes()
 

@@ -43,9 +43,7 @@ from agentic_sandbox.broker.agentlink import (
     StreamLost,
     TooManyStreams,
 )
-from agentic_sandbox.broker.exec import budgets
 from agentic_sandbox.broker.exec.models import (
-    BudgetOut,
     ExecOut,
     ExecRequest,
     StreamOut,
@@ -53,6 +51,13 @@ from agentic_sandbox.broker.exec.models import (
 )
 from agentic_sandbox.broker.http.problems import ProblemError, not_ready, too_many
 from agentic_sandbox.broker.services import Services
+from agentic_sandbox.broker.sessions import (
+    BudgetOut,
+    budget_request_field,
+    budget_spec,
+    check_budget_support,
+    resolve_budget,
+)
 from agentic_sandbox.provision import Budgets
 
 log = logging.getLogger(__name__)
@@ -85,7 +90,7 @@ def refusal_problem(exc: StreamError) -> ProblemError:
             headers={"Retry-After": "5"} if status == 429 else None,
         )
     if exc.code in ("bad-argv", "bad-cwd", "bad-user", "budget-unsupported"):
-        return _problem(422, exc.message, exc.code, budgets.request_field(exc.field))
+        return _problem(422, exc.message, exc.code, budget_request_field(exc.field))
     return _problem(502, f"the agent failed to run the command: {exc.message}", "agent-error")
 
 
@@ -161,7 +166,7 @@ class ExecService:
                     f"body.{name}",
                 )
             limits[ch] = s.exec_output_default_bytes if asked is None else asked
-        budget = budgets.resolve(body.budget, loadout_budgets)
+        budget = resolve_budget(body.budget, loadout_budgets)
         conn = self.registry.get(instance_id)
         if conn is None or not conn.ready:
             raise not_ready(f"the agent of instance {instance_id!r} is not connected")
@@ -173,7 +178,7 @@ class ExecService:
                 f"{info.agent_version or 'unknown'}; upgrade it)",
                 code="exec-unsupported",
             )
-        budgets.check_support(
+        check_budget_support(
             budget, info.budget_enforcement, info.budgets, info.budget_problem, instance_id
         )
         spec = ExecSpec(
@@ -182,7 +187,7 @@ class ExecService:
             cwd=body.cwd or "",
             user=body.user or "",
             stdin=stdin is not None,
-            budget=budgets.to_spec(budget),
+            budget=budget_spec(budget),
         )
         return ExecPlan(
             exec_id=uuid.uuid4().hex[:16],

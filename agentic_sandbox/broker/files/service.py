@@ -25,9 +25,7 @@ import hashlib
 import logging
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-from aiohttp import StreamReader
+from typing import Any, Protocol
 
 from agentic_sandbox.broker.agentlink import (
     DIGEST,
@@ -131,6 +129,12 @@ async def _why(stream: ServerStream, exc: StreamError) -> StreamError:
     except TimeoutError:
         pass
     return exc
+
+
+class Body(Protocol):
+    """What an upload reads (an aiohttp request's `content`, or bytes in hand)."""
+
+    async def readany(self) -> bytes: ...
 
 
 @dataclass
@@ -274,7 +278,7 @@ class FilesService:
 
     # ---- upload ---------------------------------------------------------------------------------
     async def upload(
-        self, t: Target, spec: FileUpload, body: StreamReader, expected: str | None
+        self, t: Target, spec: FileUpload, body: Body, expected: str | None
     ) -> FileResult:
         """Stream `body` into the agent; the agent's result once it kept the file."""
         stream, _ = await self._open(t, spec, spec.path)

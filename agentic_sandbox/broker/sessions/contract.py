@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentic_sandbox.broker.agentlink import BudgetSpec
+
 
 class SessionError(Exception):
     """Base of the errors the session layer raises to its callers."""
@@ -41,6 +43,15 @@ class SessionSpec:
     user: str | None = None  # None: the agent's default user
     name: str = ""
     task_id: str | None = None  # set when the session is a task's run
+    # enforced by the agent in the session's own cgroup (None: no budget, no cgroup)
+    budget: BudgetSpec | None = None
+
+
+@dataclass(frozen=True)
+class BudgetSupport:
+    enforcement: str  # cgroup-v2, cgroup-v1, none ("" from an agent that predates budgets)
+    budgets: tuple[str, ...]  # the fields it enforces (timeout, output_bytes, memory, …)
+    problem: str  # why it cannot enforce the others
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,25 @@ class ExitStatus:
     signal: str | None = None  # e.g. "TERM", "KILL"
     lost: bool = False  # the session vanished (agent lost it, or its ring no longer covers)
     reason: str = ""
+    exceeded: str = ""  # the budget that ended it: timeout, memory, pids, output-limit
+    usage: RunUsage | None = None  # what it used, as its agent measured it (None: not known)
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    cpu_us: int
+    peak_memory_bytes: int
+    output_bytes: int
+    enforcement: str  # how its budget was enforced: cgroup-v2, cgroup-v1, none
+
+    def view(self) -> dict[str, object]:
+        """As `session.*` and `task.*` events, task metadata and answers carry it."""
+        return {
+            "cpu_seconds": self.cpu_us / 1e6,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "output_bytes": self.output_bytes,
+            "enforcement": self.enforcement,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,10 @@ PromptListener = Callable[[Prompt], None]
 class SessionService(Protocol):
     def agent_ready(self, instance_id: str) -> bool:
         """True when the instance's agent is connected and registered."""
+        ...
+
+    def budget_support(self, instance_id: str) -> BudgetSupport | None:
+        """What the instance's connected agent can enforce (None: no agent connected)."""
         ...
 
     async def create(self, spec: SessionSpec, *, actor: str) -> str:

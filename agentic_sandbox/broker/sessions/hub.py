@@ -62,6 +62,7 @@ from agentic_sandbox.broker.sessions import protocol as proto
 from agentic_sandbox.broker.sessions.commands import AgentCommands, closed_is_unavailable
 from agentic_sandbox.broker.sessions.contract import (
     AgentUnavailable,
+    BudgetSupport,
     ExitStatus,
     OutputChunk,
     PromptListener,
@@ -222,6 +223,13 @@ class SessionHub:
     def agent_ready(self, instance_id: str) -> bool:
         return self.commands.ready(instance_id)
 
+    def budget_support(self, instance_id: str) -> BudgetSupport | None:
+        conn = self.commands.current(instance_id)
+        if conn is None or not conn.ready:
+            return None
+        info = conn.info
+        return BudgetSupport(info.budget_enforcement, info.budgets, info.budget_problem)
+
     async def create(self, spec: SessionSpec, *, actor: str) -> str:
         conn = self.commands.link(spec.instance_id)
         live = self._sessions.live_count(spec.instance_id)
@@ -265,6 +273,7 @@ class SessionHub:
             cwd=spec.cwd or "",
             user=spec.user or "",
             task_id=spec.task_id or "",
+            budget=spec.budget,
         )
         try:
             with closed_is_unavailable:

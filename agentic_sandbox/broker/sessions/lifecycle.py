@@ -141,6 +141,8 @@ class Lifecycle:
                 "reason": status.reason,
                 "output_bytes": sess.ring.end,
                 "killed": sess.kill_requested,
+                "exceeded": status.exceeded or None,
+                "usage": status.usage.view() if status.usage is not None else None,
             },
         )
         for fut in sess.exit_waiters:

@@ -18,7 +18,9 @@ from agentic_sandbox.broker.http.problems import ProblemError, not_found, not_re
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.sessions import budgets
 from agentic_sandbox.broker.sessions.access import require_visible
+from agentic_sandbox.broker.sessions.budgets import BudgetIn
 from agentic_sandbox.broker.sessions.contract import (
     AgentUnavailable,
     SessionEnded,
@@ -63,6 +65,12 @@ class SessionCreate(Input):
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     name: str = Field(default="", max_length=128)
+    budget: BudgetIn = Field(
+        default_factory=BudgetIn,
+        description="what the session may use, within the loadout's defaults and ceilings "
+        "(a wall-clock timeout only when asked); an exceeded budget ends the session with the "
+        "reason in its session.* event",
+    )
 
     @field_validator("cwd")
     @classmethod
@@ -247,7 +255,11 @@ def _problem(exc: SessionError) -> ProblemError:
     role=Role.operator,
     summary="Open a PTY session on an instance's agent",
     tag="sessions",
-    responses={503: "the instance's agent is not connected", 429: "too many sessions"},
+    responses={
+        503: "the instance's agent is not connected",
+        429: "too many sessions",
+        422: "a budget field over the loadout's ceiling, or one the agent cannot enforce",
+    },
 )
 async def create_session(call: Call[SessionCreate, NoQuery]) -> SessionInfo:
     svc = services(call.request)
@@ -262,6 +274,14 @@ async def create_session(call: Call[SessionCreate, NoQuery]) -> SessionInfo:
     if inst is None or inst.deleted_at is not None or not who.can_see(inst.owner):
         raise not_found("instance", body.instance_id)
     hub = hub_of(call.request)
+    budget = budgets.resolve(
+        body.budget, await budgets.loadout_budgets(svc.db, inst), interactive=True
+    )
+    support = hub.budget_support(body.instance_id)
+    if budget.limited and support is not None:
+        budgets.check_support(
+            budget, support.enforcement, support.budgets, support.problem, body.instance_id
+        )
     try:
         sid = await hub.create(
             SessionSpec(
@@ -274,6 +294,7 @@ async def create_session(call: Call[SessionCreate, NoQuery]) -> SessionInfo:
                 cwd=body.cwd,
                 user=body.user,
                 name=body.name,
+                budget=budgets.agent_spec(budget),
             ),
             actor=who.actor,
         )

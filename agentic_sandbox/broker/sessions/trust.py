@@ -5,7 +5,8 @@
 - A session id an agent sends must be a canonical UUID (`ids.is_session_id`) before it is looked
   up, stored, echoed back or made into a file name; the table is looked up only through
   `AgentTrust.mine`.
-- Offsets, sizes and exit strings are bounded (`MAX_OFFSET`, `bounded_size`, `exit_status`).
+- Offsets, sizes and exit strings are bounded (`MAX_OFFSET`, `bounded_size`, `exit_status`);
+  a budget reason is one of the four names, or dropped.
 - A report that is refused is dropped: counted always (`sandbox_agent_refusals_total{reason}`),
   logged for the first few of each link (the id cut and quoted).
 """
@@ -21,7 +22,7 @@ from prometheus_client import Counter as MetricCounter
 from agentic_sandbox.broker.agentlink import AgentConnection, ExitReport, Inventory
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.sessions import protocol as proto
-from agentic_sandbox.broker.sessions.contract import ExitStatus
+from agentic_sandbox.broker.sessions.contract import ExitStatus, RunUsage
 from agentic_sandbox.broker.sessions.ids import is_session_id, shown
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.broker.sessions.table import SessionTable
@@ -34,6 +35,8 @@ MAX_OFFSET = 2**53 - 1
 REFUSALS_LOGGED_PER_LINK = 10  # then only counted (sandbox_agent_refusals_total)
 EXIT_REASON_CHARS = 2000
 _SIGNAL_NAME = re.compile(r"[A-Z][A-Z0-9+-]{0,15}")
+BUDGET_REASONS = frozenset({"timeout", "memory", "pids", "output-limit"})
+ENFORCEMENTS = frozenset({"cgroup-v2", "cgroup-v1", "none"})
 
 
 def belongs(sess: HubSession, conn: AgentConnection) -> bool:
@@ -50,7 +53,25 @@ def exit_status(report: ExitReport) -> ExitStatus:
     reason = report.error[:EXIT_REASON_CHARS]
     if report.signal and signal is None:
         reason = reason or "killed by a signal the agent named oddly"
-    return ExitStatus(code=report.code, signal=signal, lost=False, reason=reason)
+    exceeded = report.reason if report.reason in BUDGET_REASONS else ""
+    if report.reason and not exceeded:
+        reason = reason or "ended for a reason the agent named oddly"
+    if exceeded and not reason:
+        reason = f"budget exceeded: {exceeded}"
+    usage = RunUsage(
+        cpu_us=max(0, report.cpu_us),
+        peak_memory_bytes=max(0, report.peak_memory_bytes),
+        output_bytes=max(0, report.output_bytes),
+        enforcement=report.enforcement if report.enforcement in ENFORCEMENTS else "",
+    )
+    return ExitStatus(
+        code=report.code,
+        signal=signal,
+        lost=False,
+        reason=reason,
+        exceeded=exceeded,
+        usage=usage if report.enforcement else None,  # an agent that predates budgets: unknown
+    )
 
 
 def inventory_ok(inv: Inventory) -> bool:

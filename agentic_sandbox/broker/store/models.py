@@ -389,6 +389,11 @@ class Run(Base):
     output_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     started_at: Mapped[dt.datetime | None]
     ended_at: Mapped[dt.datetime | None]
+    # the run's budget (BudgetOut), the one it exceeded, and what it used (agent-measured)
+    budget: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    exceeded: Mapped[str | None] = mapped_column(String(16))
+    cpu_us: Mapped[int | None] = mapped_column(BigInteger)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class TaskEvent(Base):

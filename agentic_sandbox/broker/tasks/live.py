@@ -40,6 +40,7 @@ class RunState:
     early_prompt: Any = None
     advanced: asyncio.Event = field(default_factory=asyncio.Event)  # set when output arrives
     released: bool = False  # its concurrency slot was given back
+    budget: dict[str, Any] | None = None  # the run's budget (BudgetOut as JSON)
 
     @property
     def decoded_offset(self) -> int:

@@ -42,6 +42,7 @@ class Step:
     metadata: dict[str, Any] | None = None
     user_message: dict[str, Any] | None = None
     run_values: dict[str, Any] | None = None
+    event_data: dict[str, Any] | None = None  # added to the `task.<state>` event
 
 
 class StaleTask(Exception):
@@ -187,13 +188,19 @@ class TaskMachine:
                 self._cancel_flush(live)
             for step, before, event in zip(steps, states, events, strict=True):
                 self.live.emit(live, event)
-                self._record(live, before, step.to, step.actor, step.cause)
+                self._record(live, before, step.to, step.actor, step.cause, step.event_data)
             if rec.state.terminal:
                 self.live.remove(live)
                 live.finish()
 
     def _record(
-        self, live: LiveTask, from_state: TaskState | None, to: TaskState, actor: str, cause: str
+        self,
+        live: LiveTask,
+        from_state: TaskState | None,
+        to: TaskState,
+        actor: str,
+        cause: str,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         rec = live.record
         session_id = live.run.session_id if live.run is not None else None
@@ -218,6 +225,7 @@ class TaskMachine:
                 "to": to.value,
                 "cause": cause,
                 "context_id": rec.context_id,
+                **(extra or {}),
             },
         )
         self.metrics.task_transitions.labels(
@@ -258,6 +266,22 @@ class TaskMachine:
                     )
         rec.updated_at = utcnow()
         self._schedule_flush(live)
+
+    def add_artifact(self, live: LiveTask, artifact: dict[str, Any]) -> None:
+        """Stream a whole artifact (an outbox file) now; it is stored with the task's end."""
+        rec = live.record
+        rec.file_artifacts.append(artifact)
+        self.live.emit(
+            live,
+            {
+                "artifactUpdate": {
+                    "taskId": rec.id,
+                    "contextId": rec.context_id,
+                    "artifact": artifact,
+                    "lastChunk": True,
+                }
+            },
+        )
 
     def _cap(self, live: LiveTask, text: str) -> str:
         cap = self.settings.task_output_max_bytes

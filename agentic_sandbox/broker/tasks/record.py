@@ -60,6 +60,7 @@ class TaskRecord:
     status_message: dict[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     output: list[str] = field(default_factory=list)  # the output artifact's text, in pieces
+    file_artifacts: list[dict[str, Any]] = field(default_factory=list)  # outbox files
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: dt.datetime = field(default_factory=utcnow)
     updated_at: dt.datetime = field(default_factory=utcnow)
@@ -72,9 +73,11 @@ class TaskRecord:
         """From a row; `output_text` overrides the stored artifact (active tasks keep their
         output as appended `task_events` until they end)."""
         output: list[str] = [output_text] if output_text else []
-        stored = (row.artifacts or []) if output_text is None else []
-        for art in stored:
-            if art.get("artifactId") == OUTPUT_ARTIFACT_ID:
+        files: list[dict[str, Any]] = []  # outbox files (tasks/files.py)
+        for art in row.artifacts or []:
+            if art.get("artifactId") != OUTPUT_ARTIFACT_ID:
+                files.append(art)
+            elif output_text is None:
                 output = ["".join(p.get("text", "") for p in art.get("parts", []))]
         return cls(
             id=row.id,
@@ -88,6 +91,7 @@ class TaskRecord:
             status_message=row.status_message,
             history=list(row.history or []),
             output=output,
+            file_artifacts=files,
             metadata=dict(row.task_metadata or {}),
             created_at=row.created_at,
             updated_at=row.updated_at,
@@ -101,14 +105,16 @@ class TaskRecord:
         return self.output[0] if self.output else ""
 
     def artifacts(self) -> list[dict[str, Any]]:
-        if not self.output:
-            return []
-        art: dict[str, Any] = {
-            "artifactId": OUTPUT_ARTIFACT_ID,
-            "name": OUTPUT_ARTIFACT_NAME,
-            "parts": [{"text": self.output_text()}],
-        }
-        return [art]
+        out: list[dict[str, Any]] = []
+        if self.output:
+            out.append(
+                {
+                    "artifactId": OUTPUT_ARTIFACT_ID,
+                    "name": OUTPUT_ARTIFACT_NAME,
+                    "parts": [{"text": self.output_text()}],
+                }
+            )
+        return out + self.file_artifacts
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state.wire, "timestamp": timestamp(self.status_at)}

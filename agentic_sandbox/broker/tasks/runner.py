@@ -11,7 +11,12 @@
   working;
 - cancel: TERM, then KILL after the grace period;
 - end: exit 0 -> completed, another code or a signal -> failed, a cancel -> canceled, a run
-  the agent lost (or that never comes back after a restart) -> failed with the reason.
+  the agent lost (or that never comes back after a restart) -> failed with the reason;
+- budget: the run's session carries the task's budget (the agent enforces it in the run's own
+  cgroup); a run that exceeds it fails with the named reason (`timeout`, `memory`, `pids`,
+  `output-limit`) leading its final status message, in `metadata.budgetExceeded` and in the
+  `task.failed` event; every run's usage (CPU time, peak memory, output bytes) goes into
+  `metadata.usage`, the run's row and the terminal `task.*` event.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import posixpath
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from agentic_sandbox.broker.config import Settings
+from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.sessions import (
     AgentUnavailable,
     ExitStatus,
@@ -33,8 +41,10 @@ from agentic_sandbox.broker.sessions import (
     SessionNotFound,
     SessionService,
     SessionSpec,
+    agent_budget_spec,
 )
 from agentic_sandbox.broker.tasks.errors import TaskNotCancelable, TaskNotWaiting
+from agentic_sandbox.broker.tasks.files import TaskFileError, TaskFiles, WorkDir, outbox_artifacts
 from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks
 from agentic_sandbox.broker.tasks.machine import Step, TaskMachine
 from agentic_sandbox.broker.tasks.record import utcnow
@@ -60,7 +70,10 @@ class TaskRunner:
         cancel_grace: float,
         recovery_grace: float,
         on_run_end: Callable[[LiveTask], None],
+        settings: Settings | None = None,
     ) -> None:
+        self.settings = settings or Settings()
+        self.files: TaskFiles | None = None  # A2A file parts (files.py), when wired
         self.machine = machine
         self.live = live
         self._sessions = sessions
@@ -112,30 +125,60 @@ class TaskRunner:
         assert live.run is not None
         live.run.runner = self._spawn(self._follow(live), f"task-adopt-{live.id[:8]}")
 
+    def _workdir(self, instance_id: str, task_id: str) -> WorkDir | None:
+        files = self.files
+        if files is None or not files.available(instance_id):
+            return None
+        return WorkDir.of(self.settings.task_files_root, task_id)
+
+    async def _prepare_files(self, live: LiveTask, plan: RunPlan, work: WorkDir) -> None:
+        """The working directory, its outbox and the message's files, before the run."""
+        rec, files = live.record, self.files
+        assert files is not None
+        user = plan.user or ""
+        try:
+            await files.mkdir(rec.instance_id, rec.owner, work.outbox, user)
+            for f in plan.files:
+                path = posixpath.join(work.path, f.name)
+                await files.put(rec.instance_id, rec.owner, path, f.data, user)
+        except ProblemError as exc:
+            raise TaskFileError(exc.detail) from None
+
     async def _execute(self, live: LiveTask, plan: RunPlan) -> None:
         rec, run = live.record, live.run
         assert run is not None
+        work = self._workdir(rec.instance_id, rec.id)
+        env = dict(plan.env)
+        if work is not None:
+            env.update(work.env())
         spec = SessionSpec(
             instance_id=rec.instance_id,
             owner=rec.owner,
             command=list(plan.argv),
-            env=dict(plan.env),
-            cwd=plan.cwd,
+            env=env,
+            cwd=plan.cwd or (work.path if work is not None else None),
             user=plan.user,
             name=f"task {rec.id[:8]}",
             task_id=rec.id,
+            budget=agent_budget_spec(plan.budget) if plan.budget is not None else None,
         )
+        run.budget = plan.budget.model_dump(mode="json") if plan.budget is not None else None
         try:
+            if work is not None:
+                await self._prepare_files(live, plan, work)
+            elif plan.files:
+                raise TaskFileError("the instance's agent does not transfer files")
             session_id = await self.sessions.create(spec, actor=SYSTEM_ACTOR)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reason = (
-                f"instance not ready: {exc}"
-                if isinstance(exc, AgentUnavailable)
-                else f"the run could not start: {exc}"
-            )
-            if not isinstance(exc, SessionError):
+            if isinstance(exc, AgentUnavailable):
+                reason = f"instance not ready: {exc}"
+            elif isinstance(exc, TaskFileError):
+                reason = f"the task's files could not be written: {exc}"
+            else:
+                reason = f"the run could not start: {exc}"
+            if not isinstance(exc, SessionError | TaskFileError):
                 log.exception("starting task %s failed", rec.id)
             try:
                 to = TaskState.canceled if run.cancel_requested else TaskState.rejected
@@ -162,7 +205,12 @@ class TaskRunner:
             actor=SYSTEM_ACTOR,
             cause=f"run {run.id} started in session {session_id}",
             metadata={"sessionId": session_id, "runId": run.id},
-            run_values={"session_id": session_id, "state": "running", "started_at": utcnow()},
+            run_values={
+                "session_id": session_id,
+                "state": "running",
+                "started_at": utcnow(),
+                "budget": run.budget,
+            },
         )
         run.start_timer = asyncio.get_running_loop().call_later(
             WORKING_WRITE_DELAY, self._store_start, live
@@ -298,10 +346,28 @@ class TaskRunner:
         rec = live.record
         self.machine.append_output(live, run.decoder.decode(b"", final=True), last_chunk=True)
         meta: dict[str, object] = {}
+        work = self._workdir(rec.instance_id, rec.id)
+        if work is not None and not (status.lost or run.cancel_requested or rec.state.terminal):
+            await self._collect_outbox(live, work, meta)
         if status.code is not None:
             meta["exitCode"] = status.code
         if status.signal:
             meta["exitSignal"] = status.signal
+        extra: dict[str, object] = {}
+        if status.usage is not None:
+            u = status.usage
+            meta["usage"] = {
+                "cpuSeconds": u.cpu_us / 1e6,
+                "peakMemoryBytes": u.peak_memory_bytes,
+                "outputBytes": u.output_bytes,
+                "enforcement": u.enforcement,
+            }
+            extra["usage"] = u.view()
+        if run.budget is not None:
+            meta["budget"] = run.budget
+        if status.exceeded and not run.cancel_requested:
+            meta["budgetExceeded"] = status.exceeded
+            extra["exceeded"] = status.exceeded
         if run.cancel_requested:
             to, run_state = TaskState.canceled, "canceled"
             how = f" (exit signal {status.signal})" if status.signal else ""
@@ -310,6 +376,9 @@ class TaskRunner:
         elif status.lost:
             to, run_state = TaskState.failed, "lost"
             cause = message = f"run lost: {status.reason or 'the agent no longer has it'}"
+        elif status.exceeded:
+            to, run_state = TaskState.failed, "exceeded"
+            cause = message = exceeded_message(status.exceeded, run.budget)
         elif status.code == 0:
             to, run_state = TaskState.completed, "exited"
             cause, message = "exit code 0", "completed (exit code 0)"
@@ -335,7 +404,9 @@ class TaskRunner:
                 "reason": status.reason or cause,
                 "ended_at": utcnow(),
                 "output_bytes": run.offset,
+                **_usage_values(status),
             },
+            event_data=extra,
         )
         try:
             await self.machine.advance(live, [start, end] if start is not None else [end])
@@ -343,6 +414,28 @@ class TaskRunner:
             await self._end_run(live, run_state, cause, status)
         finally:
             self._on_run_end(live)
+
+    async def _collect_outbox(self, live: LiveTask, work: WorkDir, meta: dict[str, object]) -> None:
+        files, rec = self.files, live.record
+        assert files is not None
+        try:
+            arts = await outbox_artifacts(
+                files,
+                instance_id=rec.instance_id,
+                owner=rec.owner,
+                work=work,
+                inline_bytes=self.settings.task_file_inline_bytes,
+                public_url=self.settings.effective_public_url,
+            )
+        except TaskFileError as exc:
+            meta["outboxError"] = str(exc)[:500]
+            return
+        except Exception as exc:
+            log.exception("collecting the outbox of task %s failed", rec.id)
+            meta["outboxError"] = f"collecting the outbox failed: {type(exc).__name__}"
+            return
+        for art in arts:
+            self.machine.add_artifact(live, art)
 
     async def _end_run(
         self, live: LiveTask, state: str, reason: str, status: ExitStatus | None = None
@@ -357,6 +450,7 @@ class TaskRunner:
                 exit_code=status.code if status is not None else None,
                 ended_at=utcnow(),
                 output_bytes=run.offset,
+                **(_usage_values(status) if status is not None else {}),
             )
 
     # ---- HITL -----------------------------------------------------------------------------
@@ -467,6 +561,33 @@ class TaskRunner:
             pass
         except SessionError as exc:
             log.warning("signal %s to task %s failed: %s", sig, live.id, exc)
+
+
+BUDGET_WORDS = {
+    "timeout": ("timeout_seconds", "went past its {} s wall-clock budget"),
+    "memory": ("memory_mib", "hit its {} MiB memory budget"),
+    "pids": ("pids", "hit its budget of {} processes"),
+    "output-limit": ("output_bytes", "wrote more than its {} output bytes"),
+}
+
+
+def exceeded_message(reason: str, budget: dict[str, object] | None) -> str:
+    """`<reason>: the run …` — the final status message of a run its budget ended."""
+    name, text = BUDGET_WORDS.get(reason, ("", "exceeded its budget"))
+    value = (budget or {}).get(name) if name else None
+    if value is None:
+        return f"{reason}: the run exceeded its budget"
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{reason}: the run {text.format(shown)}"
+
+
+def _usage_values(status: ExitStatus) -> dict[str, object]:
+    """The run row's columns for its budget outcome and usage."""
+    out: dict[str, object] = {"exceeded": status.exceeded or None}
+    if status.usage is not None:
+        out["cpu_us"] = status.usage.cpu_us
+        out["peak_memory_bytes"] = status.usage.peak_memory_bytes
+    return out
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,11 +23,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
+from pydantic import ValidationError
 
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.events import EventBus
-from agentic_sandbox.broker.sessions import SessionService
+from agentic_sandbox.broker.sessions import (
+    BudgetIn,
+    BudgetInvalid,
+    BudgetOut,
+    SessionService,
+    check_budget_support,
+    loadout_budgets,
+    resolve_budget,
+)
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks.errors import (
@@ -37,8 +47,8 @@ from agentic_sandbox.broker.tasks.errors import (
     TaskNotCancelable,
     TaskNotFound,
     TaskNotWaiting,
-    UnsupportedContent,
 )
+from agentic_sandbox.broker.tasks.files import InFile, TaskFiles, check_files, file_part
 from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks, RunState, StreamEvent, Subscriber
 from agentic_sandbox.broker.tasks.machine import TaskMachine
 from agentic_sandbox.broker.tasks.push import PushConfigView, PushNotifier
@@ -116,11 +126,36 @@ class MessageInput:
     data: Any
     has_data: bool
     skill_id: str
+    budget: BudgetIn = dataclasses.field(default_factory=BudgetIn)  # metadata `budget`
+    files: tuple[InFile, ...] = ()  # raw file parts, for the task's working directory
 
 
-def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> MessageInput:
-    """What a message asks for: its text, its data part and the skill (metadata `skillId`)."""
+def _asked_budget(message: dict[str, Any], request_metadata: dict[str, Any] | None) -> BudgetIn:
+    for where, meta in (
+        ("message.metadata", message.get("metadata") or {}),
+        ("metadata", request_metadata or {}),
+    ):
+        if not isinstance(meta, dict) or "budget" not in meta:
+            continue
+        try:
+            return BudgetIn.model_validate(meta["budget"])
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            field = f"{where}.budget" + (f".{loc}" if loc else "")
+            raise InvalidTaskInput(f"{field}: {err['msg']}", field=field) from None
+    return BudgetIn()
+
+
+def message_input(
+    message: dict[str, Any],
+    request_metadata: dict[str, Any] | None,
+    max_file_bytes: int = 8 * 1024 * 1024,
+) -> MessageInput:
+    """What a message asks for: its text, its data part, its files (files.py) and the skill
+    (metadata `skillId`)."""
     texts: list[str] = []
+    files: list[InFile] = []
     data: Any = None
     has_data = False
     for i, part in enumerate(message.get("parts") or []):
@@ -133,11 +168,8 @@ def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | No
                 )
             data, has_data = part["data"], True
         elif "raw" in part or "url" in part:
-            kind = "raw" if "raw" in part else "url"
-            raise UnsupportedContent(
-                f"file parts ({kind}) are not supported by this agent; send text or data",
-                field=f"message.parts[{i}].{kind}",
-            )
+            files.append(file_part(part, i, max_file_bytes))
+    check_files(files)
     skill = SHELL_SKILL_ID
     for meta in (message.get("metadata") or {}, request_metadata or {}):
         value = meta.get("skillId", meta.get("skill"))
@@ -148,7 +180,14 @@ def message_input(message: dict[str, Any], request_metadata: dict[str, Any] | No
                 )
             skill = value
             break
-    return MessageInput("\n".join(texts), data, has_data, skill)
+    return MessageInput(
+        "\n".join(texts),
+        data,
+        has_data,
+        skill,
+        _asked_budget(message, request_metadata),
+        tuple(files),
+    )
 
 
 def request_hash(message: dict[str, Any], skill: str) -> str:
@@ -188,11 +227,18 @@ class TaskService:
             cancel_grace=settings.task_cancel_grace_seconds,
             recovery_grace=settings.task_recovery_grace_seconds,
             on_run_end=self.scheduler.run_ended,
+            settings=settings,
         )
         self.live.add_listener(push.on_event)
         self._listening = False
+        self.files: TaskFiles | None = None  # the files path (use_files), None in unit tests
         self._instances: dict[str, tuple[float, m.Instance | None]] = {}
         self._profiles: dict[tuple[Any, ...], AgentProfile] = {}
+
+    def use_files(self, files: TaskFiles) -> None:
+        """The files path for A2A file parts (wired in `broker/components.py`)."""
+        self.files = files
+        self.runner.files = files
 
     # ---- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -245,6 +291,7 @@ class TaskService:
                 offset=run.output_bytes,
                 persisted_offset=run.output_bytes,
                 emitted=bool(output),
+                budget=run.budget,
             )
         cause = "server restart"
         if rec.state is TaskState.submitted:
@@ -333,6 +380,9 @@ class TaskService:
             hit = self._profiles[key] = load_profile(instance.spec or {}, loadout_spec)
         return hit
 
+    def files_available(self, instance_id: str) -> bool:
+        return self.files is not None and self.files.available(instance_id)
+
     def agent_ready(self, instance_id: str) -> bool:
         sessions = self._sessions()
         return sessions is not None and sessions.agent_ready(instance_id)
@@ -343,12 +393,18 @@ class TaskService:
         if instance is None:
             raise Rejection("the instance no longer exists")
         first = rec.history[0] if rec.history else {"parts": []}
-        inp = message_input(first, rec.metadata.get("requestMetadata"))
+        inp = message_input(
+            first, rec.metadata.get("requestMetadata"), self.settings.task_file_max_bytes
+        )
         profile = await self.profile(instance)
         skill = profile.skill(inp.skill_id)
         if skill is None:
             raise Rejection(f"unknown skill {inp.skill_id!r}", "metadata.skillId")
-        return plan_run(
+        try:
+            budget = await self.run_budget(instance, inp.budget)
+        except InvalidTaskInput as exc:
+            raise Rejection(exc.message, exc.field) from None
+        plan = plan_run(
             profile,
             skill,
             text=inp.text,
@@ -357,6 +413,36 @@ class TaskService:
             task_id=rec.id,
             context_id=rec.context_id,
         )
+        return dataclasses.replace(plan, budget=budget, files=inp.files)
+
+    async def run_budget(self, instance: m.Instance, asked: BudgetIn) -> BudgetOut:
+        """A run's budget: what the message asks, within the instance's loadout budgets
+        (InvalidTaskInput naming the field above a ceiling)."""
+        try:
+            return resolve_budget(
+                asked, await loadout_budgets(self.db, instance), where="metadata.budget"
+            )
+        except BudgetInvalid as exc:
+            raise InvalidTaskInput(exc.detail, field=exc.field) from None
+
+    def budget_problem(self, instance_id: str, budget: BudgetOut) -> str | None:
+        """Why the instance's agent cannot run this budget (None: it can)."""
+        sessions = self._sessions()
+        support = sessions.budget_support(instance_id) if sessions is not None else None
+        if support is None:
+            return None  # not connected: rejected as not ready
+        try:
+            check_budget_support(
+                budget,
+                support.enforcement,
+                support.budgets,
+                support.problem,
+                instance_id,
+                where="metadata.budget",
+            )
+        except BudgetInvalid as exc:
+            return f"{exc.field}: {exc.message}"
+        return None
 
     # ---- submit ---------------------------------------------------------------------------
     async def submit(
@@ -390,7 +476,7 @@ class TaskService:
         # 6. Push config is stored before any transition, so the first state change already
         #    notifies; only then is the run started (or queued when another server holds the
         #    slot).
-        inp = message_input(message, request_metadata)
+        inp = message_input(message, request_metadata, self.settings.task_file_max_bytes)
         message_id = str(message.get("messageId") or "")
         if not message_id:
             raise InvalidTaskInput("messageId is required", field="message.messageId")
@@ -407,6 +493,7 @@ class TaskService:
         instance = await self.instance(instance_id)
         if instance is None or not (caller.is_admin or instance.owner == caller.subject):
             raise TaskNotFound(f"no instance {instance_id!r}", field="instance_id")
+        budget = await self.run_budget(instance, inp.budget)
         task_id = str(uuid.uuid4())
         context_id = str(message.get("contextId") or uuid.uuid4())
         user_msg = {**message, "taskId": task_id, "contextId": context_id}
@@ -442,8 +529,18 @@ class TaskService:
                 task_id=task_id,
                 context_id=context_id,
             )
+            plan = dataclasses.replace(plan, budget=budget, files=inp.files)
         except Rejection as exc:
             rejection = f"invalid input: {exc.reason}"
+        if rejection is None:
+            unenforceable = self.budget_problem(instance_id, budget)
+            if unenforceable is not None:
+                rejection = f"budget not enforceable: {unenforceable}"
+        if rejection is None and inp.files and not self.files_available(instance_id):
+            rejection = (
+                f"files not supported: the agent of {instance_id!r} does not transfer files, "
+                "so the message's file parts cannot reach the run"
+            )
         if rejection is None and not self.agent_ready(instance_id):
             rejection = f"instance not ready: the agent of {instance_id!r} is not connected"
         admitted: bool | None = None  # None: not admitted; True: runs now; False: queued
@@ -526,7 +623,7 @@ class TaskService:
                 f"task {task_id} is {rec.state.value}; only a task in input-required takes a "
                 "follow-up message"
             )
-        if inp.has_data and not inp.text:
+        if (inp.has_data or inp.files) and not inp.text:
             raise InvalidTaskInput("the answer must be a text part", field="message.parts")
         user_msg = {**message, "contextId": rec.context_id}
         await self.runner.answer(live, inp.text, user_message=user_msg, actor=caller.actor)

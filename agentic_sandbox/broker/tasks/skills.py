@@ -24,6 +24,7 @@ from jsonschema.validators import validator_for
 from pydantic import ValidationError
 
 from agentic_sandbox.broker.agent_profile import RunnerSpec, SkillSpec
+from agentic_sandbox.broker.sessions import BudgetOut
 
 SHELL_SKILL_ID = "shell"
 _PLACEHOLDER = re.compile(r"\{(text|data|skill|task_id|context_id)\}")
@@ -120,6 +121,8 @@ class RunPlan:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     cwd: str | None = None
+    budget: BudgetOut | None = None  # within the instance's loadout budgets (service.py)
+    files: tuple[Any, ...] = ()  # InFile: the message's file parts (files.py)
 
 
 def validate_data(skill: SkillSpec, data: Any, present: bool) -> None:

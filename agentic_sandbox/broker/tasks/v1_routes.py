@@ -23,6 +23,7 @@ from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.services import services
+from agentic_sandbox.broker.sessions import BudgetIn
 from agentic_sandbox.broker.tasks.errors import (
     IdempotencyConflict,
     InvalidTaskInput,
@@ -53,6 +54,10 @@ class V1TaskSubmit(Input):
     )
     data: dict[str, Any] | list[Any] | None = Field(
         default=None, description="input for the skill (checked against its JSON Schema)"
+    )
+    budget: BudgetIn | None = Field(
+        default=None,
+        description="what the run may use, within the loadout's defaults and ceilings",
     )
     idempotency_key: str | None = Field(
         default=None, min_length=1, max_length=128, description="same key, same task"
@@ -115,7 +120,7 @@ def _problem(exc: TaskError) -> ProblemError:
     if isinstance(exc, TaskNotCancelable):
         return ProblemError(409, exc.message, code="task-not-cancelable")
     if isinstance(exc, InvalidTaskInput | UnsupportedContent):
-        field = f"body.{exc.field}" if exc.field else "body"
+        field = f"body.{exc.field.removeprefix('metadata.')}" if exc.field else "body"
         return unprocessable(
             exc.message, [{"field": field, "message": exc.message, "type": "value"}]
         )
@@ -148,8 +153,13 @@ async def submit_task(call: Call[V1TaskSubmit, NoQuery]) -> V1Task:
         "role": "ROLE_USER",
         "parts": parts,
     }
+    meta: dict[str, Any] = {}
     if body.skill:
-        message["metadata"] = {"skillId": body.skill}
+        meta["skillId"] = body.skill
+    if body.budget is not None:
+        meta["budget"] = body.budget.model_dump(exclude_none=True)
+    if meta:
+        message["metadata"] = meta
     try:
         rec = await tasks.submit(
             instance_id=body.instance_id, caller=caller, message=message, refuse_over_quota=True

@@ -1,13 +1,12 @@
-"""An exec's budget: the request within the loadout's defaults and ceilings, and what the
-agent can enforce — each refusal names the request field."""
+"""A run's budget (an exec's, a PTY session's, a task run's): the request within the loadout's
+defaults and ceilings, and what the agent can enforce — each refusal names the request field."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentic_sandbox.broker.exec import budgets
-from agentic_sandbox.broker.exec.models import BudgetIn
 from agentic_sandbox.broker.http.problems import ProblemError
+from agentic_sandbox.broker.sessions import BudgetIn, budgets
 from agentic_sandbox.provision import Budgets, LoadoutCatalog, LoadoutError
 
 
@@ -64,3 +63,24 @@ def test_link_values_and_agent_field_names() -> None:
     )
     assert budgets.request_field("budget.cpu") == "body.budget.cpus"
     assert budgets.request_field("cwd") == "body.cwd"
+
+
+def test_an_interactive_session_gets_a_timeout_only_when_it_asks() -> None:
+    b = Budgets.model_validate({"defaults": {"memory_mib": 256}, "maxima": {"memory_mib": 512}})
+    got = budgets.resolve(BudgetIn(), b, interactive=True)
+    assert (got.timeout_seconds, got.memory_mib) == (None, 256)
+    assert budgets.agent_spec(got) is not None
+    asked = budgets.resolve(BudgetIn(timeout_seconds=5), b, interactive=True)
+    assert asked.timeout_seconds == 5
+    with pytest.raises(budgets.BudgetInvalid) as info:
+        budgets.resolve(BudgetIn(timeout_seconds=90000), b, interactive=True)
+    assert info.value.field == "body.budget.timeout_seconds"
+    # nothing limited at all: the session gets no budget (and no cgroup of its own)
+    assert budgets.agent_spec(budgets.resolve(BudgetIn(), Budgets(), interactive=True)) is None
+
+
+def test_fields_are_named_where_the_caller_gave_them() -> None:
+    b = Budgets.model_validate({"maxima": {"pids": 5}})
+    with pytest.raises(budgets.BudgetInvalid) as info:
+        budgets.resolve(BudgetIn(pids=6), b, where="metadata.budget")
+    assert info.value.field == "metadata.budget.pids" and info.value.status == 422

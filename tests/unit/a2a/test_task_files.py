@@ -1,0 +1,90 @@
+"""A2A file parts: names and sizes checked at the boundary, files placed before the run and the
+outbox read back after it (through a recording `TaskFiles`; the real path is the integration
+test's)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from agentic_sandbox.broker.agentlink import FileInfo
+from agentic_sandbox.broker.tasks import Caller, InvalidTaskInput, TaskState
+from agentic_sandbox.broker.tasks.errors import UnsupportedContent
+from agentic_sandbox.broker.tasks.files import check_name, file_part
+from tests.unit.a2a.conftest import Env
+
+
+@pytest.mark.parametrize(
+    "name", ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "outbox/x", "a\x00b", "x" * 256]
+)
+def test_bad_names_are_refused_naming_the_field(name: str) -> None:
+    with pytest.raises(InvalidTaskInput) as info:
+        check_name(name, "message.parts[1].filename")
+    assert info.value.field == "message.parts[1].filename"
+
+
+def test_good_names_sizes_and_url_parts() -> None:
+    assert check_name("src/main.c", "f") == "src/main.c"
+    got = file_part({"raw": base64.b64encode(b"abc").decode(), "filename": "a.txt"}, 2, 10)
+    assert (got.name, got.data) == ("a.txt", b"abc")
+    assert file_part({"raw": "YWJj"}, 3, 10).name == "file-3"
+    with pytest.raises(InvalidTaskInput, match="SANDBOX_TASK_FILE_MAX_BYTES") as info:
+        file_part({"raw": base64.b64encode(b"x" * 11).decode()}, 1, 10)
+    assert info.value.field == "message.parts[1].raw"
+    with pytest.raises(UnsupportedContent, match="egress") as unsupported:
+        file_part({"url": "https://example.com/f"}, 1, 10)
+    assert unsupported.value.field == "message.parts[1].url"
+
+
+class RecordingFiles:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.outbox: dict[str, bytes] = {}
+
+    def available(self, instance_id: str) -> bool:
+        return True
+
+    async def mkdir(self, instance_id: str, owner: str, path: str, user: str) -> None:
+        self.calls.append(("mkdir", path, user))
+
+    async def put(self, instance_id: str, owner: str, path: str, data: bytes, user: str) -> None:
+        self.calls.append(("put", path, data.decode()))
+
+    async def listing(self, instance_id: str, owner: str, path: str) -> list[FileInfo]:
+        return [
+            FileInfo(f"{path}/{n}", n, "file", len(d), 0o644, 0, 0, "", "", 0, "")
+            for n, d in self.outbox.items()
+        ] + [FileInfo(f"{path}/dir", "dir", "directory", 0, 0o755, 0, 0, "", "", 0, "")]
+
+    async def read(self, instance_id: str, owner: str, path: str, limit: int) -> bytes:
+        return self.outbox[path.rsplit("/", 1)[1]]
+
+
+async def test_files_go_in_before_the_run_and_the_outbox_comes_back(env: Env) -> None:
+    files = RecordingFiles()
+    env.tasks.use_files(files)
+    await env.add_instance()
+    raw = base64.b64encode(b"hi").decode()
+    rec = await env.submit(parts=[{"text": "cat in.txt"}, {"raw": raw, "filename": "in.txt"}])
+    (sess,) = await env.fake.wait_session()
+    work = f"/tmp/a2a-tasks/{rec.id}"
+    assert files.calls == [("mkdir", f"{work}/outbox", ""), ("put", f"{work}/in.txt", "hi")]
+    assert sess.spec.cwd == work
+    assert sess.spec.env["A2A_OUTBOX"] == f"{work}/outbox"
+    files.outbox = {"small.txt": b"ok", "big.bin": b"x" * (300 * 1024)}
+    env.fake.exit(sess.id, 0)
+    done = await env.until(rec.id, TaskState.completed)
+    arts = {a["artifactId"]: a for a in done.to_a2a()["artifacts"]}
+    assert arts["outbox/small.txt"]["parts"][0]["raw"] == base64.b64encode(b"ok").decode()
+    url = arts["outbox/big.bin"]["parts"][0]["url"]
+    assert url.endswith(f"/api/v2/admin/instances/vm1/files?path={work}/outbox/big.bin")
+    assert "outbox/dir" not in arts
+    stored = await env.tasks.get(rec.id, Caller("x", "x", is_admin=True))
+    assert {a["artifactId"] for a in stored.to_a2a()["artifacts"]} == set(arts)
+
+
+async def test_file_parts_without_a_files_path_reject_the_task(env: Env) -> None:
+    await env.add_instance()
+    rec = await env.submit(parts=[{"text": "true"}, {"raw": "aGk=", "filename": "a"}])
+    assert rec.state is TaskState.rejected and "files not supported" in str(rec.status_message)
