@@ -21,6 +21,7 @@ def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.files import FilesComponent
     from agentic_sandbox.broker.instances import FleetComponent
     from agentic_sandbox.broker.instances.enroller import LinkEnroller
+    from agentic_sandbox.broker.ports import PortsComponent
     from agentic_sandbox.broker.sessions.component import SessionsComponent
     from agentic_sandbox.broker.tasks import TasksComponent
 
@@ -35,6 +36,7 @@ def build_components(svc: Services) -> list[Component]:
     fleet = FleetComponent(svc, enroller_factory=lambda: LinkEnroller(agent_link, svc.settings))
     execs = ExecComponent(svc, agent_link.registry)
     files = FilesComponent(svc, agent_link.registry)
+    ports = PortsComponent(svc, agent_link.registry)
     # egress streams from agents: bound to each link as it attaches
     egress = EgressComponent(svc, agent_link.registry)
     return [
@@ -42,6 +44,7 @@ def build_components(svc: Services) -> list[Component]:
         agent_link,
         execs,
         files,
+        ports,
         egress,
         tasks,
         A2AComponent(svc, tasks.service),
