@@ -13,6 +13,8 @@ must come from this origin. Every open is audited (`instance.port.open`) and pub
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +30,7 @@ from agentic_sandbox.broker.ports.tunnel import SUBPROTOCOL, relay
 from agentic_sandbox.broker.services import services
 
 api = ApiRoutes()
+Handler = Callable[[Call[Any, Any]], Awaitable[web.StreamResponse]]
 
 PORTS_KEY: web.AppKey[PortsService] = web.AppKey("ports_service")
 BASE = "/api/v2/admin/instances/{instance_id}/ports/{port}"
@@ -51,8 +54,8 @@ def _same_origin(request: web.Request) -> bool:
 
 
 async def _target(call: Call[Any, Any], who: Principal) -> tuple[PortsService, Target, int]:
-    port = check_port(call.match["port"])
     row = await instance_to_change(services(call.request).db, who, call.match["instance_id"])
+    port = check_port(call.match["port"])  # after the owner check: a stranger learns nothing
     service = call.app[PORTS_KEY]
     t = service.target(
         instance_id=row.id, incarnation=row.incarnation, owner=row.owner, actor=who.actor
@@ -93,6 +96,17 @@ async def to_slash(call: Call[Any, Any]) -> web.StreamResponse:
     return await proxy(call)
 
 
+def _named(fn: Handler, name: str) -> Handler:
+    """`fn` under its own name (each method's operation has its own id)."""
+
+    @functools.wraps(fn)
+    async def handler(call: Call[Any, Any]) -> web.StreamResponse:
+        return await fn(call)
+
+    handler.__name__ = handler.__qualname__ = name
+    return handler
+
+
 for _method in METHODS:
     api.route(
         _method,
@@ -102,7 +116,7 @@ for _method in METHODS:
         tag="ports",
         content_type="application/octet-stream",
         responses=ERRORS,
-    )(proxy)
+    )(_named(proxy, f"proxy_{_method.lower()}"))
     api.route(
         _method,
         BASE,
@@ -111,7 +125,7 @@ for _method in METHODS:
         tag="ports",
         content_type="application/octet-stream",
         responses={**ERRORS, 308: "to the path with a trailing slash"},
-    )(to_slash)
+    )(_named(to_slash, f"root_{_method.lower()}"))
 
 
 @api.get(

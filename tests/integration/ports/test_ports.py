@@ -7,6 +7,7 @@ named error, not a hang; roles, other owners, the per-instance limit and the aud
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -25,9 +26,10 @@ from agentic_sandbox import AsyncClient, Client
 from agentic_sandbox.sdk import ApiError
 from tests.support.agents import AgentProcess
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
-from tests.support.polling import wait_until
+from tests.support.polling import until, wait_until
+from tests.support.ptyclient import PtyClient
 from tests.support.server import ServerProcess
-from tests.support.sessions import events
+from tests.support.sessions import create_session, events
 from tests.support.upstream import Upstream, free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -280,3 +282,40 @@ async def test_the_per_instance_limit_is_a_429_naming_it(
             while (code := await answered()) != 200 and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert code == 200
+
+
+async def test_a_keystroke_echo_arrives_while_a_port_stream_floods_the_link(
+    sandbox_server: ServerProcess, agent: AgentProcess, upstream: Upstream
+) -> None:
+    """Port streams share the link fairly with sessions: a session's echo still arrives while a
+    proxied download floods the same agent link."""
+    server, iid = sandbox_server, agent.instance_id
+    sid = create_session(server, iid, ["cat"])
+    got = {"bytes": 0}
+    total = 512 * MiB  # bounded: the flood ends by itself
+
+    async def flood() -> None:
+        url = proxy_url(server, iid, upstream.port, f"bytes?n={total}")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(url, headers=bearer(server.admin_token)) as resp,
+        ):
+            assert resp.status == 200
+            async for chunk in resp.content.iter_any():
+                got["bytes"] += len(chunk)
+
+    async with await PtyClient.connect(
+        server.ws_url, sid, server.admin_token, role="control", from_offset=0
+    ) as ctl:
+        task = asyncio.ensure_future(flood())
+        try:
+            await until(lambda: got["bytes"] > 8 * MiB, "the flood started", timeout=60)
+            for i in range(5):
+                await ctl.send_input(f"key-{i}\r".encode())
+                await ctl.wait_output(f"key-{i}".encode(), timeout=30)
+                assert not task.done(), "the flood ended before the echo arrived"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert 8 * MiB < got["bytes"] < total
