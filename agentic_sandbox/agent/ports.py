@@ -5,8 +5,8 @@ The server opens the stream (its reverse proxy, a `port-forward` tunnel); the ag
 once connected: a refused connect is a close with `connection-refused` (a timeout
 `connect-timeout`, anything else `connect-failed`), never a hang. Channel 0 carries the bytes
 to the port, channel 1 the bytes from it; each direction ends with its channel's eof (a TCP
-half-close). The stream ends, with the byte counts, when the socket is gone and everything read
-from it was sent.
+half-close); once both directions ended the socket is closed. The stream ends, with the byte
+counts, when the socket is gone and everything read from it was sent.
 
 Flow control is the stream's credit both ways, with no per-byte work: the socket's reads (as
 asyncio hands them, up to 256 KiB) are sent in frames of at most `CHUNK` while the server
@@ -46,6 +46,7 @@ class PortRelay(asyncio.Protocol):
         self._pending = bytearray()  # read from the socket, not yet sent (no credit)
         self._eof_pending = False  # the port half-closed; send it after the pending bytes
         self._eof_sent = False
+        self._eof_in = False  # the server ended its direction (the port was sent EOF)
         self._socket_gone = False
         self._owed = 0  # written to the socket, credited once its buffer drains
         self._write_paused = False
@@ -137,6 +138,8 @@ class PortRelay(asyncio.Protocol):
         if not self._pending and self._eof_pending and not self._eof_sent:
             self._eof_sent = True
             stream.send(FROM_PORT, b"", eof=True)
+            if self._eof_in and self._transport is not None:
+                self._transport.close()  # both directions are done: connection_lost follows
         if self._eof_sent and self._socket_gone:
             self._finish()
             return
@@ -166,11 +169,12 @@ class PortRelay(asyncio.Protocol):
             else:
                 self.stream.consumed(TO_PORT, len(data))
         if eof:
+            self._eof_in = True
             try:
-                if transport.can_write_eof():
-                    transport.write_eof()
+                if self._eof_sent or not transport.can_write_eof():
+                    transport.close()  # after what was written (close flushes)
                 else:
-                    transport.close()
+                    transport.write_eof()
             except OSError:
                 transport.close()
 
