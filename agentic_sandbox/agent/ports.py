@@ -9,7 +9,7 @@ half-close); once both directions ended the socket is closed. The stream ends, w
 counts, when the socket is gone and everything read from it was sent.
 
 Flow control is the stream's credit both ways, with no per-byte work: the socket's reads (as
-asyncio hands them, up to 256 KiB) are sent in frames of at most `CHUNK` while the server
+asyncio hands them, up to 256 KiB) are sent in frames of at most 64 KiB while the server
 grants room, and reading pauses when it grants none; what the server sends is written to the
 socket and credited back only once the socket's buffer drains (`resume_writing`).
 """
@@ -20,7 +20,7 @@ import asyncio
 import errno
 import logging
 
-from agentic_sandbox.agent.streams import CHUNK, Stream, StreamRefused
+from agentic_sandbox.agent.streams import MAX_FRAME, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"  # the only address a port stream reaches
 TO_PORT, FROM_PORT = 0, 1
 CONNECT_TIMEOUT = 10.0
+FRAME = MAX_FRAME  # frames of what the port sends: the largest a receiver takes (fewer per byte)
+WINDOW = 1024 * 1024  # what the server may send towards the port before credit
 
 
 def check_port(port: int) -> int:
@@ -43,7 +45,8 @@ class PortRelay(asyncio.Protocol):
         self.stream = stream
         self.port = port
         self._transport: asyncio.Transport | None = None
-        self._pending = bytearray()  # read from the socket, not yet sent (no credit)
+        self._pending = b""  # read from the socket, not yet sent (no credit) from `_sent`
+        self._sent = 0
         self._eof_pending = False  # the port half-closed; send it after the pending bytes
         self._eof_sent = False
         self._eof_in = False  # the server ended its direction (the port was sent EOF)
@@ -57,7 +60,9 @@ class PortRelay(asyncio.Protocol):
 
     @classmethod
     def open(cls, stream: Stream, msg: pb.StreamOpen) -> tuple[PortRelay, None]:
-        return cls(stream, check_port(msg.port.port)), None
+        port = check_port(msg.port.port)
+        stream.window = WINDOW
+        return cls(stream, port), None
 
     async def _dial(self) -> None:
         loop = asyncio.get_running_loop()
@@ -92,7 +97,9 @@ class PortRelay(asyncio.Protocol):
         self._flow()
 
     def data_received(self, data: bytes) -> None:
-        self._pending += data
+        # reading pauses while anything is pending, so this join is rare (and small)
+        self._pending = self._pending[self._sent :] + data if self._pending else data
+        self._sent = 0
         self._flush()
 
     def eof_received(self) -> bool:
@@ -119,7 +126,7 @@ class PortRelay(asyncio.Protocol):
         transport = self._transport
         if transport is None or self._eof_pending:
             return
-        if self._pending:
+        if self._sent < len(self._pending):
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -128,13 +135,19 @@ class PortRelay(asyncio.Protocol):
         if self._done or (self._transport is None and not self._socket_gone):
             return
         stream = self.stream
-        while self._pending:
-            n = min(stream.room(FROM_PORT), CHUNK, len(self._pending))
+        pending, sent = self._pending, self._sent
+        while sent < len(pending):
+            n = min(stream.room(FROM_PORT), FRAME, len(pending) - sent)
             if n <= 0:
                 break
-            stream.send(FROM_PORT, bytes(self._pending[:n]))
-            del self._pending[:n]
+            whole = sent == 0 and n == len(pending)
+            stream.send(FROM_PORT, pending if whole else pending[sent : sent + n])
+            sent += n
             self.bytes_out += n
+        if sent >= len(pending):
+            self._pending, self._sent = b"", 0
+        else:
+            self._sent = sent
         if not self._pending and self._eof_pending and not self._eof_sent:
             self._eof_sent = True
             stream.send(FROM_PORT, b"", eof=True)
@@ -190,5 +203,5 @@ class PortRelay(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
             self._transport = None
-        self._pending.clear()
+        self._pending, self._sent = b"", 0
         self._finish()
