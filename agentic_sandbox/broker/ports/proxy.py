@@ -56,6 +56,7 @@ HOP_BY_HOP = frozenset(
 )
 NOT_FORWARDED = HOP_BY_HOP | {
     "host",
+    "expect",  # the server answers 100-continue itself
     "authorization",
     "x-csrf-token",
     "content-length",
@@ -266,20 +267,33 @@ def _consume(task: asyncio.Future[None]) -> None:
 
 
 class _CallerBytes:
-    """The caller's side after a 101: what the server protocol hands `set_parser`'s parser."""
+    """The caller's side after a 101: what the server protocol hands `set_parser`'s parser.
+    Reading from the caller pauses while `PAUSE_AT` reads wait for the stream's credit."""
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
-        self._transport: asyncio.Transport | None = None
+    PAUSE_AT, RESUME_AT, MAX = 16, 4, 64
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.MAX)
+        self._transport = transport
+        self._paused = False
 
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         if data:
             try:
                 self.queue.put_nowait(bytes(data))
-            except asyncio.QueueFull:  # a caller that ignores our pace: it is cut off
-                if self._transport is not None:
-                    self._transport.close()
+            except asyncio.QueueFull:  # past the pause: a transport that ignores it
+                self._transport.close()
+            if self.queue.qsize() >= self.PAUSE_AT and not self._paused:
+                self._paused = True
+                self._transport.pause_reading()
         return False, b""
+
+    async def get(self) -> bytes | None:
+        data = await self.queue.get()
+        if self._paused and self.queue.qsize() <= self.RESUME_AT:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
 
     def feed_eof(self) -> None:
         with contextlib.suppress(asyncio.QueueFull):
@@ -306,14 +320,13 @@ async def _switch(
     if transport is None:
         stream.cancel("canceled", "the caller went away")
         return resp
-    caller = _CallerBytes()
-    caller._transport = transport
+    caller = _CallerBytes(transport)
     protocol.set_parser(caller)  # type: ignore[arg-type]
     if trailing:
         transport.write(trailing)
 
     async def up_pump() -> None:
-        while (data := await caller.queue.get()) is not None:
+        while (data := await caller.get()) is not None:
             await stream.write(TO_PORT, data, chunk=FRAME)
         with contextlib.suppress(StreamError):
             await stream.end(TO_PORT)
