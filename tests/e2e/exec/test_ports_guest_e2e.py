@@ -65,8 +65,9 @@ async def test_a_web_server_in_the_guest_answers_through_the_proxy_and_port_forw
                         body = await resp.read()
                         if resp.status == 200:
                             break
-                        assert resp.status == 502 and b"connection-refused" in body, body
-                    assert not web.done(), seen
+                        refused = resp.status == 502 and b"connection-refused" in body
+                        assert refused, (body, server.log_tail(120))
+                    assert not web.done(), (seen, server.log_tail(120))
                     assert time.monotonic() < deadline, "the guest's web server never answered"
                     await asyncio.sleep(0.5)
                 assert body == b"hello-from-the-guest\n"
