@@ -5,9 +5,9 @@
   connection, `seedwatch.py` notices a new seed, `guard.py` keeps the guest's forward the
   agent's own, `session.py` is one PTY with its ring and flow state.
 - This module holds the sessions (open, input, resize, signal, close as the server asks), what a
-  registration reports and resumes, and the loop that (re)connects. Byte streams (exec runs;
-  files and ports next) live in `streams.py` (the table, flow control) and their kinds' modules
-  (`exec.py`, budgets in `cgroups.py`).
+  registration reports and resumes, and the loop that (re)connects. Byte streams (exec runs,
+  file transfers, port connections, egress) live in `streams.py` (the table, flow control) and
+  their kinds' modules (`exec.py`, budgets in `cgroups.py`; `files.py`; `ports.py`; `egress.py`).
 - `next_message()` decides what the link sends next: the outbox and stream control (accepts,
   credits) first, then session output, then stream data — one chunk at a time, and a stream
   chunk after every bulk session message, so an echo never waits behind more than one stream
@@ -42,6 +42,7 @@ from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
 from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
+from agentic_sandbox.agent.ports import PortRelay
 from agentic_sandbox.agent.seedwatch import SeedWatcher
 from agentic_sandbox.agent.session import BATCH_BYTES, PtySession, SpawnError
 from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamTable
@@ -113,6 +114,7 @@ class AgentRuntime:
         self.cgroups = cgroups.Cgroups(problem="not detected yet")
         openers: dict[str, Opener] = {"exec": self._open_exec}
         openers.update(dict.fromkeys(files.KINDS, self._open_file))
+        openers["port"] = PortRelay.open
         self.streams = StreamTable(openers, wake=self.wake, max_streams=config.max_streams)
         self._stream_turn = False
         # sessions and execs reach the egress proxy without a login shell's profile

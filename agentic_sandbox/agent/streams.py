@@ -2,8 +2,8 @@
 
 A stream is a typed, bidirectional byte pipe multiplexed on the one `Connect` stream the
 sessions use (a guest's forward carries one connection at a time: there is no second one).
-Either side opens streams: the server opens `exec` and `file_*` now (port forwards next),
-the agent will open egress streams. Ids are the opener's: odd for the server's, even
+Either side opens streams: the server opens `exec`, `file_*` and `port`, the agent opens
+`egress` streams. Ids are the opener's: odd for the server's, even
 for the agent's (`open()` here), never reused on a link.
 
 - **Channels**: numbered byte channels per stream (exec: 0 = stdin, 1 = stdout, 2 = stderr),
@@ -74,7 +74,10 @@ class StreamHandler(Protocol):
         ...
 
 
-Opener = Callable[["Stream", pb.StreamOpen], tuple[StreamHandler, pb.StreamAccept]]
+#: an opener validates the open and starts the work; it answers with the handler and the accept,
+#: or with None for the accept when it comes later (a port's connect): the handler then calls
+#: `Stream.accept` once it can serve, or `Stream.fail` (a close before any accept: a refusal)
+Opener = Callable[["Stream", pb.StreamOpen], tuple[StreamHandler, pb.StreamAccept | None]]
 
 
 class Stream:
@@ -127,8 +130,16 @@ class Stream:
         self._final = close
         self._table.ready_data(self)
 
-    def fail(self, code: str, message: str) -> None:
-        self.finish(pb.StreamClose(error=pb.StreamError(code=code, message=message)))
+    def fail(self, code: str, message: str, field: str = "") -> None:
+        self.finish(pb.StreamClose(error=pb.StreamError(code=code, message=message, field=field)))
+
+    def accept(self, accept: pb.StreamAccept) -> None:
+        """Send a deferred accept (an opener that answered None): ahead of anything else."""
+        if self.detached or self._final is not None or self.remote_closed:
+            return
+        accept.window = self.window
+        self._control.appendleft(pb.StreamFrame(stream_id=self.id, accept=accept))
+        self._table.ready_control(self)
 
     # ---- receiving ---------------------------------------------------------------------------
     def consumed(self, channel: int, n: int) -> None:
@@ -313,9 +324,8 @@ class StreamTable:
             self._refuse(stream_id, "internal", f"{type(exc).__name__}: {exc}")
             return
         stream.handler = handler
-        accept.window = stream.window
-        stream._control.appendleft(pb.StreamFrame(stream_id=stream_id, accept=accept))
-        self.ready_control(stream)
+        if accept is not None:
+            stream.accept(accept)
 
     def open(self, msg: pb.StreamOpen, handler: StreamHandler) -> Stream:
         """Open a stream of our own (egress): the server answers with accept or close."""

@@ -21,6 +21,7 @@ def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.files import FilesComponent
     from agentic_sandbox.broker.instances import FleetComponent
     from agentic_sandbox.broker.instances.enroller import LinkEnroller
+    from agentic_sandbox.broker.ports import PortsComponent
     from agentic_sandbox.broker.sessions.component import SessionsComponent
     from agentic_sandbox.broker.tasks import TasksComponent
 
@@ -36,6 +37,7 @@ def build_components(svc: Services) -> list[Component]:
     execs = ExecComponent(svc, agent_link.registry)
     files = FilesComponent(svc, agent_link.registry)
     tasks.service.use_files(files.task_files)  # A2A file parts in, outbox files out
+    ports = PortsComponent(svc, agent_link.registry)
     # egress streams from agents: bound to each link as it attaches
     egress = EgressComponent(svc, agent_link.registry)
     return [
@@ -43,6 +45,7 @@ def build_components(svc: Services) -> list[Component]:
         agent_link,
         execs,
         files,
+        ports,
         egress,
         tasks,
         A2AComponent(svc, tasks.service),

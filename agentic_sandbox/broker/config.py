@@ -262,6 +262,15 @@ class Settings(BaseSettings):
         default=4, ge=1, le=10_000, description="file transfers at once on one instance (429)"
     )
 
+    # ---- ports --------------------------------------------------------------------------------
+    ports_max_streams_per_instance: int = Field(
+        default=32,
+        ge=1,
+        le=10_000,
+        description="port streams (proxied requests, WebSockets, tunnels) at once on one "
+        "instance (429)",
+    )
+
     # ---- egress proxy -----------------------------------------------------------------------
     egress_hosts_file: Path | None = Field(
         default=None,

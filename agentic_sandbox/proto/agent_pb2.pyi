@@ -21,8 +21,8 @@ agent resends from there: no gap, no duplicate, as long as the agent's ring stil
 A task run is a session (OpenSession.task_id set); prompts (HITL) are detected by the server.
 
 Byte streams (`StreamFrame`, both directions) are multiplexed on the same `Connect` stream:
-opened by either side (the server opens exec and file transfers now, port forwards next; the
-agent will open egress streams), each with numbered channels (0 = stdin/data towards the
+opened by either side (the server opens exec, file transfers and port streams; the agent opens
+egress streams), each with numbered channels (0 = stdin/data towards the
 accepter, 1 = stdout, 2 = stderr), per-channel credit-based flow control (a receiver grants
 bytes; a sender never sends more than it was granted), half-close per channel, and a close
 carrying a typed result or an error. A stream lives on one link: a dropped link ends it.
@@ -928,6 +928,7 @@ class StreamOpen(_message.Message):
     FILE_LIST_FIELD_NUMBER: _builtins.int
     FILE_MKDIR_FIELD_NUMBER: _builtins.int
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
@@ -946,8 +947,10 @@ class StreamOpen(_message.Message):
     @_builtins.property
     def file_remove(self) -> Global___FileRemove: ...
     @_builtins.property
+    def port(self) -> Global___PortSpec: ...
+    @_builtins.property
     def egress(self) -> Global___EgressSpec:
-        """20-29: ports"""
+        """21-29: ports"""
 
     def __init__(
         self,
@@ -960,13 +963,14 @@ class StreamOpen(_message.Message):
         file_list: Global___FileList | None = ...,
         file_mkdir: Global___FileMkdir | None = ...,
         file_remove: Global___FileRemove | None = ...,
+        port: Global___PortSpec | None = ...,
         egress: Global___EgressSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "egress"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -979,6 +983,7 @@ class StreamAccept(_message.Message):
     WINDOW_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
     FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the accepter accepts on each channel it receives, before credit"""
@@ -989,8 +994,10 @@ class StreamAccept(_message.Message):
         """what is sent: a file, or a directory (as a tar stream)"""
 
     @_builtins.property
+    def port(self) -> Global___PortConnected: ...
+    @_builtins.property
     def egress(self) -> Global___EgressAccepted:
-        """20-29: ports"""
+        """21-29: ports"""
 
     def __init__(
         self,
@@ -998,13 +1005,14 @@ class StreamAccept(_message.Message):
         window: _builtins.int = ...,
         exec: Global___ExecStarted | None = ...,
         file_download: Global___FileInfo | None = ...,
+        port: Global___PortConnected | None = ...,
         egress: Global___EgressAccepted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download", "egress"]  # noqa: Y015
+    _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download", "port", "egress"]  # noqa: Y015
     _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_info) -> _WhichOneofReturnType_info | None: ...
 
@@ -1073,6 +1081,7 @@ class StreamClose(_message.Message):
     FILE_LIST_FIELD_NUMBER: _builtins.int
     FILE_MKDIR_FIELD_NUMBER: _builtins.int
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
@@ -1093,8 +1102,10 @@ class StreamClose(_message.Message):
     @_builtins.property
     def file_remove(self) -> Global___FileRemoved: ...
     @_builtins.property
+    def port(self) -> Global___PortResult: ...
+    @_builtins.property
     def egress(self) -> Global___EgressResult:
-        """20-29: ports"""
+        """21-29: ports"""
 
     def __init__(
         self,
@@ -1107,13 +1118,14 @@ class StreamClose(_message.Message):
         file_list: Global___FileListing | None = ...,
         file_mkdir: Global___FileInfo | None = ...,
         file_remove: Global___FileRemoved | None = ...,
+        port: Global___PortResult | None = ...,
         egress: Global___EgressResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "egress"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1132,7 +1144,8 @@ class StreamError(_message.Message):
     """unsupported, protocol, canceled, link-lost, internal; files:
     bad-path, not-found, not-a-directory, is-a-directory, symlink,
     exists, not-empty, permission, no-space, bad-tar, digest-mismatch,
-    bad-owner, io
+    bad-owner, io; ports: bad-port, connection-refused,
+    connect-timeout, connect-failed
     """
     field: _builtins.str
     """the spec field it is about (argv, cwd, user, budget.memory …), if any"""
@@ -1639,6 +1652,71 @@ class FileRemoved(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FileRemoved: _TypeAlias = FileRemoved  # noqa: Y015
+
+@_typing.final
+class PortSpec(_message.Message):
+    """---- ports (a stream of kind `port`, opened by the server): 0 = to the port, 1 = from it ----------
+    The agent connects to 127.0.0.1:`port` in the guest (never any other address) and accepts the
+    stream only once connected; a refusal is a close with `connection-refused`, `connect-timeout`
+    or `connect-failed` (and `bad-port` for a port outside 1-65535). Each side's end of its
+    direction is its channel's eof (a TCP half-close); the stream ends when both are done.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortSpec: _TypeAlias = PortSpec  # noqa: Y015
+
+@_typing.final
+class PortConnected(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortConnected: _TypeAlias = PortConnected  # noqa: Y015
+
+@_typing.final
+class PortResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BYTES_IN_FIELD_NUMBER: _builtins.int
+    BYTES_OUT_FIELD_NUMBER: _builtins.int
+    bytes_in: _builtins.int
+    """written to the port (channel 0)"""
+    bytes_out: _builtins.int
+    """read from the port (channel 1)"""
+    def __init__(
+        self,
+        *,
+        bytes_in: _builtins.int = ...,
+        bytes_out: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_in", b"bytes_in", "bytes_out", b"bytes_out"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortResult: _TypeAlias = PortResult  # noqa: Y015
 
 @_typing.final
 class EgressSpec(_message.Message):

@@ -21,8 +21,8 @@ agent resends from there: no gap, no duplicate, as long as the agent's ring stil
 A task run is a session (OpenSession.task_id set); prompts (HITL) are detected by the server.
 
 Byte streams (`StreamFrame`, both directions) are multiplexed on the same `Connect` stream:
-opened by either side (the server opens exec and file transfers now, port forwards next; the
-agent will open egress streams), each with numbered channels (0 = stdin/data towards the
+opened by either side (the server opens exec, file transfers and port streams; the agent opens
+egress streams), each with numbered channels (0 = stdin/data towards the
 accepter, 1 = stdout, 2 = stderr), per-channel credit-based flow control (a receiver grants
 bytes; a sender never sends more than it was granted), half-close per channel, and a close
 carrying a typed result or an error. A stream lives on one link: a dropped link ends it.

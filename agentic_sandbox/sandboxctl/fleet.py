@@ -23,6 +23,8 @@ from agentic_sandbox.sandboxctl.files import (
 )
 from agentic_sandbox.sandboxctl.output import doc, emit, err, progress
 from agentic_sandbox.sandboxctl.parsing import Nouns, kv, wait_options
+from agentic_sandbox.sandboxctl.ports import add_arguments as port_forward_arguments
+from agentic_sandbox.sandboxctl.ports import instance_port_forward
 from agentic_sandbox.sdk import (
     ApiError,
     AsyncClient,
@@ -480,6 +482,14 @@ def register(nouns: Nouns) -> None:
     add_push(verb(g, "push", instance_push, "upload a file or a directory into the instance"))
     add_pull(verb(g, "pull", instance_pull, "download a file or a directory from the instance"))
     add_ls(verb(g, "ls", instance_ls, "list a directory in the instance"))
+    port_forward_arguments(
+        verb(
+            g,
+            "port-forward",
+            instance_port_forward,
+            "forward 127.0.0.1:LOCAL to a port in the instance (over its agent link)",
+        )
+    )
     v = verb(g, "ssh", instance_ssh, "ssh to the instance through its loopback forward")
     v.add_argument("id")
     v.add_argument("command", nargs="*")

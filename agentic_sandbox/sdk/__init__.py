@@ -79,7 +79,9 @@ from agentic_sandbox.sdk.models import (
     VerifiedCard,
     WhoAmI,
 )
-from agentic_sandbox.sdk.sync import Attachment, Client
+from agentic_sandbox.sdk.ports import PortForward as AsyncPortForward
+from agentic_sandbox.sdk.ports import Tunnel as AsyncTunnel
+from agentic_sandbox.sdk.sync import Attachment, Client, PortForward, Tunnel
 from agentic_sandbox.sdk.tasks import TaskLog
 
 __all__ = [
@@ -88,6 +90,8 @@ __all__ = [
     "ApiKey",
     "AsyncAttachment",
     "AsyncClient",
+    "AsyncPortForward",
+    "AsyncTunnel",
     "Attachment",
     "AuditEntry",
     "AuditPage",
@@ -126,6 +130,7 @@ __all__ = [
     "OperationFailed",
     "Output",
     "Pool",
+    "PortForward",
     "RateLimited",
     "Removed",
     "Resync",
@@ -144,6 +149,7 @@ __all__ = [
     "TaskPage",
     "Token",
     "TransferFailed",
+    "Tunnel",
     "Unauthorized",
     "Unavailable",
     "UnknownContext",

@@ -33,6 +33,7 @@ from agentic_sandbox.sdk.models import (
     Snapshot,
 )
 from agentic_sandbox.sdk.operations import ADMIN, AsyncOperations, Progress, Resource
+from agentic_sandbox.sdk.ports import PortForward, Tunnel, proxy_path
 from agentic_sandbox.sdk.transport import Transport
 
 Network = Literal["isolated", "nat"]
@@ -98,8 +99,8 @@ def _exec_body(argv: Sequence[str], opts: ExecOptions) -> dict[str, Any]:
 
 class AsyncInstances(Resource):
     """Instances, commands run on them over their agent link (`exec`, `exec_stream`) and
-    their files (`files`: upload, download, list, stat, mkdir, remove). Ports go beside them
-    once the server has their routes (`instances.ports`, with its facade line in `sync.py`)."""
+    their files (`files`: upload, download, list, stat, mkdir, remove), and their TCP ports
+    (`tunnel`, `port_forward`, `proxy_url`: see `ports.py`)."""
 
     def __init__(self, transport: Transport, operations: AsyncOperations) -> None:
         super().__init__(transport)
@@ -289,6 +290,23 @@ class AsyncInstances(Resource):
         path = f"{ADMIN}/instances/{instance_id}/exec/stream"
         async for line in self._t.ndjson("POST", path, json_body=body):
             yield line
+
+    async def tunnel(self, instance_id: str, port: int) -> Tunnel:
+        """One TCP connection to 127.0.0.1:`port` inside the instance, over its agent link
+        (`ApiError` with code `connection-refused` when nothing listens there)."""
+        return await Tunnel.open(self._t, instance_id, port)
+
+    async def port_forward(
+        self, instance_id: str, port: int, *, local_port: int = 0
+    ) -> PortForward:
+        """Listen on 127.0.0.1:`local_port` (0: any free port; see `.address`) and tunnel
+        every connection accepted there to `port` in the instance; `close()` ends it."""
+        return await PortForward(self._t, instance_id, port).start(local_port)
+
+    def proxy_url(self, instance_id: str, port: int, path: str = "/") -> str:
+        """The reverse proxy's URL for `path` on `port` (HTTP and WebSocket; send the token
+        as a bearer, or use the dashboard's cookie)."""
+        return self._t.url + proxy_path(instance_id, port, path)
 
     async def wait_ready(
         self,

@@ -43,6 +43,8 @@ from agentic_sandbox.sdk.fleet import (
 from agentic_sandbox.sdk.models import Output, SessionExit
 from agentic_sandbox.sdk.observe import AsyncAudit, AsyncEvents
 from agentic_sandbox.sdk.operations import AsyncOperations
+from agentic_sandbox.sdk.ports import PortForward as AsyncPortForward
+from agentic_sandbox.sdk.ports import Tunnel as AsyncTunnel
 from agentic_sandbox.sdk.sessions import AsyncSessions
 from agentic_sandbox.sdk.tasks import AsyncTasks
 
@@ -215,6 +217,62 @@ class Attachment(_Facade[AsyncAttachment]):
         return self._async.connects
 
 
+class Tunnel(_Facade[AsyncTunnel]):
+    """One TCP connection to a port in the instance: `read`, `write`, `write_eof`, `close`."""
+
+    read = synced(AsyncTunnel.read)
+    write = synced(AsyncTunnel.write)
+    write_eof = synced(AsyncTunnel.write_eof)
+    close = synced(AsyncTunnel.close)
+
+    def __enter__(self) -> Tunnel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def error(self) -> str:
+        return self._async.error
+
+
+class PortForward(_Facade[AsyncPortForward]):
+    """A forward from 127.0.0.1 (`address`), served on the client's loop until `close()`."""
+
+    close = synced(AsyncPortForward.close)
+
+    def __enter__(self) -> PortForward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._async.address
+
+    @property
+    def connections(self) -> int:
+        return self._async.connections
+
+    @property
+    def failures(self) -> list[str]:
+        return self._async.failures
+
+
+class _synced_facade(_Carried[P, F]):
+    """A coroutine method that returns an async object, returning its sync facade."""
+
+    def __init__(
+        self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, Any]], facade: type[F]
+    ) -> None:
+        super().__init__(method)
+        self._facade = facade
+
+    def _finish(self, result: Any, loop: _LoopThread) -> F:
+        return self._facade(loop.run(result), loop)
+
+
 class Operations(_Facade[AsyncOperations]):
     get = synced(AsyncOperations.get)
     list = synced(AsyncOperations.list)
@@ -254,6 +312,12 @@ class Instances(_Facade[AsyncInstances]):
     set_egress = synced(AsyncInstances.set_egress)
     exec = synced(AsyncInstances.exec)
     exec_stream = synced_iter(AsyncInstances.exec_stream)
+    tunnel = _synced_facade(AsyncInstances.tunnel, Tunnel)
+    port_forward = _synced_facade(AsyncInstances.port_forward, PortForward)
+
+    def proxy_url(self, instance_id: str, port: int, path: str = "/") -> str:
+        return self._async.proxy_url(instance_id, port, path)
+
     wait_ready = synced(AsyncInstances.wait_ready)
     register_host = synced(AsyncInstances.register_host)
     enrollment_token = synced(AsyncInstances.enrollment_token)

@@ -4,9 +4,9 @@ Public face: `AgentLinkComponent` (wired in `broker/components.py`); `AgentConne
 agent's link and its typed commands), `LinkClosed`; `AgentRegistry` (the connected agents,
 which the hub is handed); `LinkHandler` (what the session hub implements) and the typed
 values it receives and answers with (`messages.py`); the byte streams multiplexed on a link
-(`ServerStream` and its `Chunk`s and errors, `streams.py`) that exec and files ride on, opened
-with the typed specs of `stream_kinds.py` and answering with its typed results. Protobuf stays
-in this package.
+(`ServerStream` and its `Chunk`s and errors, `streams.py`) that exec, files and ports ride on,
+opened with the typed specs of `stream_kinds.py` and answering with its typed results.
+Protobuf stays in this package.
 """
 
 from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
@@ -43,6 +43,9 @@ from agentic_sandbox.broker.agentlink.stream_kinds import (
     FileResult,
     FileStat,
     FileUpload,
+    PortConnected,
+    PortResult,
+    PortSpec,
 )
 from agentic_sandbox.broker.agentlink.streams import (
     Chunk,
@@ -84,6 +87,9 @@ __all__ = [
     "OpenRequest",
     "Opened",
     "Output",
+    "PortConnected",
+    "PortResult",
+    "PortSpec",
     "Reconciled",
     "Resume",
     "ServerStream",

@@ -1,11 +1,11 @@
 """The byte streams' kinds as the rest of the server sees them: plain typed values.
 
 Protobuf stops at the agent link's edge (as `messages.py` for sessions): a component opens a
-stream with one of the specs here (`ExecSpec`, `FileUpload`, …; `LinkStreams.open` turns it
-into the `StreamOpen`), reads the accept's info as a typed value (`ServerStream.started()`:
-`ExecStarted`, `FileInfo`) and the agent's close as its kind's typed result
+stream with one of the specs here (`ExecSpec`, `FileUpload`, `PortSpec`, …; `LinkStreams.open`
+turns it into the `StreamOpen`), reads the accept's info as a typed value (`ServerStream.started()`:
+`ExecStarted`, `FileInfo`, `PortConnected`) and the agent's close as its kind's typed result
 (`ServerStream.result()`: `ExecResult`, `FileResult`, `FileInfo`, `FileListing`,
-`FileRemoved`) or a `StreamError`.
+`FileRemoved`, `PortResult`) or a `StreamError`.
 
 The values are mechanical copies: what an agent sends stays untrusted (sizes, strings, paths);
 the component decides what it accepts.
@@ -171,6 +171,25 @@ class FileRemoved:
     removed: int
 
 
+# ---- ports -------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class PortSpec:
+    """A TCP connection to 127.0.0.1:`port` in the guest: channel 0 to it, 1 from it."""
+
+    port: int
+
+
+@dataclass(slots=True)
+class PortConnected:
+    """The agent is connected to the port (its accept)."""
+
+
+@dataclass(slots=True)
+class PortResult:
+    bytes_in: int  # written to the port
+    bytes_out: int  # read from it
+
+
 # ---- egress (opened by the agent) ---------------------------------------------------------------
 @dataclass(slots=True)
 class EgressOpened:
@@ -214,9 +233,11 @@ def to_close(result: EgressResult) -> pb.StreamClose:
 
 DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
 
-OpenSpec = ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove
-Started = ExecStarted | FileInfo | None
-Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved
+OpenSpec = (
+    ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove | PortSpec
+)
+Started = ExecStarted | FileInfo | PortConnected | None
+Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved | PortResult
 
 #: the agent's name for each kind (what it lists in `Register.stream_kinds`)
 KIND_NAMES: dict[type, str] = {
@@ -227,6 +248,7 @@ KIND_NAMES: dict[type, str] = {
     FileList: "file_list",
     FileMkdir: "file_mkdir",
     FileRemove: "file_remove",
+    PortSpec: "port",
 }
 
 
@@ -284,6 +306,8 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
                 **_mode(spec.mode),  # type: ignore[arg-type]
             )
         )
+    if isinstance(spec, PortSpec):
+        return pb.StreamOpen(port=pb.PortSpec(port=spec.port))
     return pb.StreamOpen(file_remove=pb.FileRemove(path=spec.path, recursive=spec.recursive))
 
 
@@ -293,6 +317,8 @@ def accept_info(accept: pb.StreamAccept) -> Started:
         return ExecStarted(pid=accept.exec.pid, enforcement=accept.exec.enforcement)
     if which == "file_download":
         return FileInfo.from_pb(accept.file_download)
+    if which == "port":
+        return PortConnected()
     return None
 
 
@@ -329,4 +355,6 @@ def close_result(close: pb.StreamClose) -> Result | None:
         )
     if which == "file_remove":
         return FileRemoved(path=close.file_remove.path, removed=close.file_remove.removed)
+    if which == "port":
+        return PortResult(bytes_in=close.port.bytes_in, bytes_out=close.port.bytes_out)
     return None

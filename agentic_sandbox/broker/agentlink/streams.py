@@ -5,7 +5,7 @@ streams multiplexed on the link's one `Connect` stream, opened by either side (s
 agent ids even), numbered channels each with its own credit-based flow control and
 half-close, and one close per side carrying a typed result or an error.
 
-What the rest of the server uses (exec and files now; port forwards next), with the typed
+What the rest of the server uses (exec, files, ports), with the typed
 values of `stream_kinds.py` (no protobuf outside this package):
 
     stream = conn.streams.open(ExecSpec(argv=[...]))        # TooManyStreams, LinkClosed

@@ -74,7 +74,13 @@ def path_values(stack: Stack, path: str, real: bool) -> tuple[str, bool]:
         "token_id": ids["token"] if real else "0" * 16,
         "key_id": ids["key"] if real else "0" * 16,
     }
-    other = {"operation_id": "op-" + "0" * 12, "key": "no-such-pool", "version": "1"}
+    other = {
+        "operation_id": "op-" + "0" * 12,
+        "key": "no-such-pool",
+        "version": "1",
+        "port": "0",  # not a port (422 once allowed): no cell reaches into the guest
+        "path": "sandbox-auth-matrix",
+    }
     parts = path.split("/")
     collection = parts[parts.index("{name}") - 1] if "{name}" in parts else ""
     if collection == "secrets":
