@@ -203,11 +203,34 @@ def to_close(result: EgressResult) -> pb.StreamClose:
     )
 
 
+# ---- egress trust (opened by the server) --------------------------------------------------------
+@dataclass(slots=True)
+class EgressTrust:
+    """The CA certificate (PEM) of the instance's egress proxy, for the guest's trust store."""
+
+    ca_pem: bytes
+
+
+@dataclass(slots=True)
+class EgressTrustResult:
+    path: str  # where the agent wrote it (untrusted: for the record only)
+    refreshed: bool
+
+
 DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
 
-OpenSpec = ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove
+OpenSpec = (
+    ExecSpec
+    | FileUpload
+    | FileDownload
+    | FileStat
+    | FileList
+    | FileMkdir
+    | FileRemove
+    | EgressTrust
+)
 Started = ExecStarted | FileInfo | None
-Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved
+Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved | EgressTrustResult
 
 #: the agent's name for each kind (what it lists in `Register.stream_kinds`)
 KIND_NAMES: dict[type, str] = {
@@ -218,6 +241,7 @@ KIND_NAMES: dict[type, str] = {
     FileList: "file_list",
     FileMkdir: "file_mkdir",
     FileRemove: "file_remove",
+    EgressTrust: "egress_trust",
 }
 
 
@@ -281,6 +305,8 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
                 **_mode(spec.mode),  # type: ignore[arg-type]
             )
         )
+    if isinstance(spec, EgressTrust):
+        return pb.StreamOpen(egress_trust=pb.EgressTrust(ca_pem=spec.ca_pem))
     return pb.StreamOpen(file_remove=pb.FileRemove(path=spec.path, recursive=spec.recursive))
 
 
@@ -326,4 +352,8 @@ def close_result(close: pb.StreamClose) -> Result | None:
         )
     if which == "file_remove":
         return FileRemoved(path=close.file_remove.path, removed=close.file_remove.removed)
+    if which == "egress_trust":
+        return EgressTrustResult(
+            path=close.egress_trust.path[:4096], refreshed=close.egress_trust.refreshed
+        )
     return None
