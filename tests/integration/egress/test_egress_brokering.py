@@ -220,3 +220,27 @@ def test_the_value_is_in_no_answer_event_audit_row_or_log(stack: Stack) -> None:
         assert VALUE not in str(answer)
     assert VALUE not in stack.server.log_path.read_text(errors="replace")
     assert VALUE not in stack.agent_ca.read_text()
+
+
+def test_the_sdk_reads_and_replaces_credentials(stack: Stack) -> None:
+    from agentic_sandbox import Client
+    from agentic_sandbox.sdk import EgressCredential, ValidationFailed
+
+    with Client(stack.server.url, stack.server.admin_token) as sbx:
+        read = sbx.instances.egress(stack.instance)
+        assert [c.secret for c in read.credentials] == [SECRET]
+        kept = sbx.instances.set_egress(stack.instance, read.allow)  # credentials unchanged
+        assert kept.credentials[0].to_dict() == read.credentials[0].to_dict()
+        cred = EgressCredential(secret=SECRET, destinations=[f"{API}:8443"], header="X-Api-Key")
+        got = sbx.instances.set_egress(stack.instance, read.allow, credentials=[cred])
+        assert [(c.header, c.destinations) for c in got.credentials] == [
+            ("X-Api-Key", [f"{API}:8443"])
+        ]
+        with pytest.raises(ValidationFailed, match=r"body\.credentials\.0\.secret"):
+            sbx.instances.set_egress(
+                stack.instance,
+                read.allow,
+                credentials=[{"secret": "NOPE", "destinations": [f"{API}:8443"]}],
+            )
+        none = sbx.instances.set_egress(stack.instance, read.allow, credentials=[])
+        assert none.credentials == []
