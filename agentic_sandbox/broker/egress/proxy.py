@@ -438,43 +438,60 @@ class ProxyConnection:
                 out.reason = "guest-tls-failed"
                 out.detail = f"the guest's TLS did not complete: {type(exc).__name__}: {exc}"
                 return None
-            inner = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
             try:
-                request = await asyncio.wait_for(self._next_event(inner, tls.read), IDLE_TIMEOUT)
-            except (h11.RemoteProtocolError, ConnectionError, TimeoutError) as exc:
-                out.reason = "bad-request"
-                out.detail = f"no HTTP request inside the tunnel: {type(exc).__name__}: {exc}"
-                return await self._refuse(
-                    400, "bad-request", out.detail, verdict="failed", side=(inner, tls)
-                )
-            if not isinstance(request, h11.Request):
-                out.reason, out.detail = "bad-request", "the guest closed without a request"
-                return None
-            method = request.method.decode("ascii", "replace").upper()
-            target = request.target.decode("ascii", "replace")
-            out.method = method
-            if not target.startswith("/"):
-                return await self._refuse(
-                    400,
-                    "bad-request",
-                    f"inside a tunnel a request names a path, not {target[:120]!r}",
-                    side=(inner, tls),
-                )
-            await self._forward(
-                request,
-                method,
-                decision,
-                port,
-                target,
-                reader,
-                writer,
-                side=(inner, tls),
-                inject=brokered,
-            )
+                await self._inside(brokered, decision, port, tls, reader, writer)
+            finally:
+                with contextlib.suppress(Exception):
+                    await tls.end()  # close_notify, then the pipe's end
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _inside(
+        self,
+        brokered: Brokered,
+        decision: Decision,
+        port: int,
+        tls: TlsPipe,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """The one request inside an intercepted tunnel, with the credential's header."""
+        out = self.outcome
+        inner = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        try:
+            request = await asyncio.wait_for(self._next_event(inner, tls.read), IDLE_TIMEOUT)
+        except (h11.RemoteProtocolError, ConnectionError, TimeoutError) as exc:
+            out.reason = "bad-request"
+            out.detail = f"no HTTP request inside the tunnel: {type(exc).__name__}: {exc}"
+            return await self._refuse(
+                400, "bad-request", out.detail, verdict="failed", side=(inner, tls)
+            )
+        if not isinstance(request, h11.Request):
+            out.reason, out.detail = "bad-request", "the guest closed without a request"
+            return None
+        method = request.method.decode("ascii", "replace").upper()
+        target = request.target.decode("ascii", "replace")
+        out.method = method
+        if not target.startswith("/"):
+            return await self._refuse(
+                400,
+                "bad-request",
+                f"inside a tunnel a request names a path, not {target[:120]!r}",
+                side=(inner, tls),
+            )
+        await self._forward(
+            request,
+            method,
+            decision,
+            port,
+            target,
+            reader,
+            writer,
+            side=(inner, tls),
+            inject=brokered,
+        )
 
     # ---- plain HTTP ---------------------------------------------------------------------------
     async def _forward(
