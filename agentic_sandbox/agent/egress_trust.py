@@ -5,7 +5,8 @@ with a CA of the instance's incarnation (its key never leaves the host). The ser
 CA's certificate at every registration of the link — a fresh instance, a clone, a warm-pool
 member taken into use and a server restart each may mean a new one — and the agent writes it
 to `egress_ca_file` (atomically, 0644) and runs `egress_ca_refresh` (in allowlist guests
-Debian's `update-ca-certificates`, which rebuilds /etc/ssl/certs from it). Only agents
+Debian's `update-ca-certificates`, which rebuilds /etc/ssl/certs from it) at the lowest CPU
+priority (SCHED_IDLE, nice 19: the agent's link comes first). Only agents
 configured with `egress_ca_file` offer the kind: a host agent never touches its host's store.
 
 What arrives is checked to be one PEM certificate and nothing else (no key, no bundle).
@@ -47,6 +48,16 @@ class TrustHandler:
         return None
 
 
+def _background_priority() -> None:
+    """In the child: the lowest CPU class (SCHED_IDLE: it runs only when nothing else wants
+    the CPU) and niceness — rebuilding the store is a few hundred processes and a rehash, and
+    in a slow guest (TCG, a loaded host) it must never starve the agent's own heartbeats."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        os.nice(19)
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
@@ -79,6 +90,7 @@ async def install(ca_file: str, refresh: str, pem: bytes) -> pb.StreamClose:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=_background_priority,
         )
     except OSError as exc:
         return pb.StreamClose(

@@ -305,13 +305,14 @@ def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
     got = env.server.ok("GET", f"/api/v2/admin/instances/{guest}/egress")
     assert [c["secret"] for c in got["credentials"]] == [SECRET]
     deadline = time.monotonic() + 300  # update-ca-certificates in a loaded TCG guest: slow
-    while True:
+    while True:  # (a push that failed — a link lost under load — is made again at reconnect)
         out = env.server.ok("GET", f"/api/v1/events?type=egress.ca.*&instance_id={GUEST}&limit=200")
-        if out["items"] or time.monotonic() > deadline:
+        installed = [e for e in out["items"] if e["type"] == "egress.ca.installed"]
+        if installed or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert [e["type"] for e in out["items"]][-1:] == ["egress.ca.installed"], out["items"]
-    assert out["items"][-1]["data"]["refreshed"] is True
+    assert installed, out["items"]
+    assert installed[-1]["data"]["refreshed"] is True
     after = last_seq(env)
     # the system's trust store (what update-ca-certificates built), no CA of the test's
     got = fetch(env, f"https://{ALLOWED}:{BROKERED_PORT}/brokered")
@@ -320,7 +321,7 @@ def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
     assert [(e["type"], e["data"].get("credential")) for e in events] == [
         ("egress.allowed", SECRET)
     ]
-    # the value is nowhere in the guest
+    # the value is nowhere in the guest (the long scans at nice 19: the agent's link first)
     environ = ex(
         env.server,
         [
@@ -333,12 +334,14 @@ def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
     roots = "/etc /home /root /tmp /var /opt /usr/local /run /srv /boot"
     out = ex(
         env.server,
-        ["sh", "-c", f"grep -rlaE -D skip '{PATTERN}' {roots}; echo status=$?"],
+        ["nice", "-n", "19", "sh", "-c", f"grep -rlaE -D skip '{PATTERN}' {roots}; echo status=$?"],
         timeout=900,
     )
     # no file matched (grep says 1; 2 only for unreadable places, named on stderr)
     assert out["stdout"]["data"].strip() in ("status=1", "status=2"), out
     mem = json.loads(
-        ex(env.server, ["python3", "-c", MEMSCAN, PATTERN], timeout=900)["stdout"]["data"]
+        ex(env.server, ["nice", "-n", "19", "python3", "-c", MEMSCAN, PATTERN], timeout=900)[
+            "stdout"
+        ]["data"]
     )
     assert mem["hits"] == [] and mem["scanned"] > 10_000_000, mem
