@@ -5,8 +5,8 @@ with a CA of the instance's incarnation (its key never leaves the host). The ser
 CA's certificate at every registration of the link — a fresh instance, a clone, a warm-pool
 member taken into use and a server restart each may mean a new one — and the agent writes it
 to `egress_ca_file` (atomically, 0644) and runs `egress_ca_refresh` (in allowlist guests
-Debian's `update-ca-certificates`, which rebuilds /etc/ssl/certs from it) at the lowest CPU
-priority (SCHED_IDLE, nice 19: the agent's link comes first). Only agents
+Debian's `update-ca-certificates`, which rebuilds /etc/ssl/certs from it) at nice 19 (the
+agent's link comes first). Only agents
 configured with `egress_ca_file` offer the kind: a host agent never touches its host's store.
 
 What arrives is checked to be one PEM certificate and nothing else (no key, no bundle).
@@ -49,11 +49,10 @@ class TrustHandler:
 
 
 def _background_priority() -> None:
-    """In the child: the lowest CPU class (SCHED_IDLE: it runs only when nothing else wants
-    the CPU) and niceness — rebuilding the store is a few hundred processes and a rehash, and
-    in a slow guest (TCG, a loaded host) it must never starve the agent's own heartbeats."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    """In the child: nice 19 — rebuilding the store is a few hundred processes and a rehash,
+    and in a slow guest (TCG, a loaded host) it must not starve the agent's own heartbeats
+    (at nice 0 a link was lost). Not SCHED_IDLE: with a guest busy running commands that
+    never let it finish in 180 s."""
     with contextlib.suppress(OSError):
         os.nice(19)
 

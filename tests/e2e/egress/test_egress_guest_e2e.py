@@ -214,7 +214,12 @@ def egress_events(env: Env, after: int) -> list[dict[str, Any]]:
     out = env.server.ok(
         "GET", f"/api/v1/events?type=egress.*&instance_id={GUEST}&after={after}&limit=200"
     )
-    return [e for e in out["items"] if e["type"] != "egress.rules.changed"]
+    # connection attempts only (not rule changes, not the CA's delivery)
+    return [
+        e
+        for e in out["items"]
+        if e["type"] != "egress.rules.changed" and not e["type"].startswith("egress.ca.")
+    ]
 
 
 def last_seq(env: Env) -> int:
