@@ -57,10 +57,10 @@ class AgentConfig:
     # HOST:PORT of the guest-local egress proxy listener (allowlist guests); "" = none
     egress_listen: str = ""
     # where the egress proxy's CA (sent over the link at each registration) is written, and the
-    # command that rebuilds the trust store after it (allowlist guests: Debian's
-    # update-ca-certificates); "" = this agent accepts no CA (host agents)
+    # OpenSSL bundle it is spliced into (allowlist guests: /etc/ssl/certs/ca-certificates.crt);
+    # "" = this agent accepts no CA (host agents)
     egress_ca_file: str = ""
-    egress_ca_refresh: str = ""
+    egress_ca_bundle: str = ""
     log_level: str = "INFO"
     log_format: str = "json"
     # In a guest: take the identity from the cloud-init seed and follow it when it changes
@@ -80,8 +80,10 @@ class AgentConfig:
                 raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
         if self.egress_ca_file and not self.egress_ca_file.startswith("/"):
             raise ConfigError(f"egress_ca_file: an absolute path, got {self.egress_ca_file!r}")
-        if self.egress_ca_refresh and not self.egress_ca_file:
-            raise ConfigError("egress_ca_refresh: needs egress_ca_file")
+        if self.egress_ca_bundle and not self.egress_ca_bundle.startswith("/"):
+            raise ConfigError(f"egress_ca_bundle: an absolute path, got {self.egress_ca_bundle!r}")
+        if self.egress_ca_bundle and not self.egress_ca_file:
+            raise ConfigError("egress_ca_bundle: needs egress_ca_file")
         if not 4096 <= self.ring_bytes <= 1024**3:
             raise ConfigError("ring_bytes: between 4096 and 1 GiB")
         if not 0.01 <= self.initial_backoff <= self.max_backoff <= 3600:

@@ -4,10 +4,13 @@ For destinations with a brokered credential the host's egress proxy terminates t
 with a CA of the instance's incarnation (its key never leaves the host). The server sends that
 CA's certificate at every registration of the link — a fresh instance, a clone, a warm-pool
 member taken into use and a server restart each may mean a new one — and the agent writes it
-to `egress_ca_file` (atomically, 0644) and runs `egress_ca_refresh` (in allowlist guests
-Debian's `update-ca-certificates`, which rebuilds /etc/ssl/certs from it) at nice 19 (the
-agent's link comes first). Only agents
-configured with `egress_ca_file` offer the kind: a host agent never touches its host's store.
+to `egress_ca_file` (atomically, 0644; Debian's `update-ca-certificates` picks it up from
+there whenever it runs) and splices it into `egress_ca_bundle`, the bundle OpenSSL, curl,
+Python and git read (`/etc/ssl/certs/ca-certificates.crt`): the previous egress CA's block is
+replaced, every other certificate kept, and the new bundle renamed into place. No
+`update-ca-certificates` run: it forks `openssl` per certificate, which in a TCG guest took
+minutes and starved the agent's link. Only agents configured with `egress_ca_file` offer the
+kind: a host agent never touches its host's store.
 
 What arrives is checked to be one PEM certificate and nothing else (no key, no bundle).
 """
@@ -19,7 +22,6 @@ import contextlib
 import logging
 import os
 import re
-import shlex
 import tempfile
 from pathlib import Path
 
@@ -29,7 +31,9 @@ from agentic_sandbox.proto import agent_pb2 as pb
 log = logging.getLogger(__name__)
 
 MAX_PEM = 16 * 1024
-REFRESH_TIMEOUT = 120.0
+MAX_BUNDLE = 16 * 1024 * 1024
+BEGIN = b"# agentic-sandbox egress CA (replaced by the agent at each registration)\n"
+END = b"# end of agentic-sandbox egress CA\n"
 _PEM_RE = re.compile(
     rb"\A-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----\r?\n?\Z"
 )
@@ -48,16 +52,7 @@ class TrustHandler:
         return None
 
 
-def _background_priority() -> None:
-    """In the child: nice 19 — rebuilding the store is a few hundred processes and a rehash,
-    and in a slow guest (TCG, a loaded host) it must not starve the agent's own heartbeats
-    (at nice 0 a link was lost). Not SCHED_IDLE: with a guest busy running commands that
-    never let it finish in 180 s."""
-    with contextlib.suppress(OSError):
-        os.nice(19)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
@@ -65,7 +60,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -73,50 +68,49 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-async def install(ca_file: str, refresh: str, pem: bytes) -> pb.StreamClose:
-    """Write the CA and rebuild the store; the close to answer with."""
+def spliced(bundle: bytes, pem: bytes) -> bytes:
+    """`bundle` without an earlier egress CA block, with `pem` as the new one at its end."""
+    at = bundle.find(BEGIN)
+    if at >= 0:
+        end = bundle.find(END, at)
+        bundle = bundle[:at] + (bundle[end + len(END) :] if end >= 0 else b"")
+    if bundle and not bundle.endswith(b"\n"):
+        bundle += b"\n"
+    return bundle + BEGIN + pem.rstrip(b"\r\n") + b"\n" + END
+
+
+def _splice_into(bundle_path: str, pem: bytes) -> None:
+    real = Path(os.path.realpath(bundle_path))  # a symlinked bundle: replace its target
+    try:
+        st = real.stat()
+        if st.st_size > MAX_BUNDLE:
+            raise OSError(f"over {MAX_BUNDLE} bytes")
+        current = real.read_bytes()
+        mode = st.st_mode & 0o7777
+    except FileNotFoundError:
+        current, mode = b"", 0o644
+    write_atomically(real, spliced(current, pem), mode)
+
+
+async def install(ca_file: str, bundle: str, pem: bytes) -> pb.StreamClose:
+    """Write the CA, splice it into the bundle; the close to answer with."""
+    path = ca_file
     try:
         await asyncio.to_thread(write_atomically, Path(ca_file), pem)
+        if bundle:
+            path = bundle
+            await asyncio.to_thread(_splice_into, bundle, pem)
     except OSError as exc:
         return pb.StreamClose(
-            error=pb.StreamError(code="io", message=f"{ca_file}: {exc.strerror or exc}")
+            error=pb.StreamError(code="io", message=f"{path}: {exc.strerror or exc}")
         )
-    if not refresh:
-        return pb.StreamClose(egress_trust=pb.EgressTrustResult(path=ca_file))
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *shlex.split(refresh),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_background_priority,
-        )
-    except OSError as exc:
-        return pb.StreamClose(
-            error=pb.StreamError(code="internal", message=f"{refresh}: {exc.strerror or exc}")
-        )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), REFRESH_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return pb.StreamClose(
-            error=pb.StreamError(code="internal", message=f"{refresh}: timed out")
-        )
-    if proc.returncode != 0:
-        tail = out.decode("utf-8", "replace")[-400:]
-        return pb.StreamClose(
-            error=pb.StreamError(
-                code="internal", message=f"{refresh}: exit {proc.returncode}: {tail}"
-            )
-        )
-    log.info("egress proxy CA installed in %s (%s)", ca_file, refresh)
-    return pb.StreamClose(egress_trust=pb.EgressTrustResult(path=ca_file, refreshed=True))
+    log.info("egress proxy CA installed in %s%s", ca_file, f" and {bundle}" if bundle else "")
+    return pb.StreamClose(egress_trust=pb.EgressTrustResult(path=ca_file, refreshed=bool(bundle)))
 
 
 def open_trust_stream(
     ca_file: str,
-    refresh: str,
+    bundle: str,
     background: set[asyncio.Future[None]],
     stream: Stream,
     msg: pb.StreamOpen,
@@ -126,7 +120,7 @@ def open_trust_stream(
         raise StreamRefused("bad-certificate", "not one PEM certificate", "ca_pem")
 
     async def run() -> None:
-        close = await install(ca_file, refresh, pem)
+        close = await install(ca_file, bundle, pem)
         stream.finish(close)
 
     task = asyncio.ensure_future(run())

@@ -118,7 +118,7 @@ class AgentRuntime:
             openers["egress_trust"] = functools.partial(
                 egress_trust.open_trust_stream,
                 config.egress_ca_file,
-                config.egress_ca_refresh,
+                config.egress_ca_bundle,
                 self._background,
             )
         self.streams = StreamTable(openers, wake=self.wake, max_streams=config.max_streams)

@@ -32,7 +32,7 @@ def test_allowlist_guests_point_every_tool_at_the_agents_listener(tmp_path: Path
     assert config["egress_listen"] == "127.0.0.1:3128"
     # the egress CA comes over the link at each registration; the seed says where it goes
     assert config["egress_ca_file"] == "/usr/local/share/ca-certificates/agentic-sandbox-egress.crt"
-    assert config["egress_ca_refresh"] == "update-ca-certificates"
+    assert config["egress_ca_bundle"] == "/etc/ssl/certs/ca-certificates.crt"
     assert not any("ca-certificates" in path for path in files)
     env = files["/etc/environment"]
     assert env["append"] is True
