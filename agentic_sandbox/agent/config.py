@@ -56,6 +56,11 @@ class AgentConfig:
     default_user: str = ""
     # HOST:PORT of the guest-local egress proxy listener (allowlist guests); "" = none
     egress_listen: str = ""
+    # where the egress proxy's CA (sent over the link at each registration) is written, and the
+    # OpenSSL bundle it is spliced into (allowlist guests: /etc/ssl/certs/ca-certificates.crt);
+    # "" = this agent accepts no CA (host agents)
+    egress_ca_file: str = ""
+    egress_ca_bundle: str = ""
     log_level: str = "INFO"
     log_format: str = "json"
     # In a guest: take the identity from the cloud-init seed and follow it when it changes
@@ -73,6 +78,12 @@ class AgentConfig:
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+        if self.egress_ca_file and not self.egress_ca_file.startswith("/"):
+            raise ConfigError(f"egress_ca_file: an absolute path, got {self.egress_ca_file!r}")
+        if self.egress_ca_bundle and not self.egress_ca_bundle.startswith("/"):
+            raise ConfigError(f"egress_ca_bundle: an absolute path, got {self.egress_ca_bundle!r}")
+        if self.egress_ca_bundle and not self.egress_ca_file:
+            raise ConfigError("egress_ca_bundle: needs egress_ca_file")
         if not 4096 <= self.ring_bytes <= 1024**3:
             raise ConfigError("ring_bytes: between 4096 and 1 GiB")
         if not 0.01 <= self.initial_backoff <= self.max_backoff <= 3600:
@@ -178,6 +189,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int, help="exec runs and other streams at once (64)")
     p.add_argument(
         "--egress-listen", help="HOST:PORT of a local egress proxy listener (allowlist guests)"
+    )
+    p.add_argument(
+        "--egress-ca-file", help="write the egress proxy's CA here when the server sends it"
+    )
+    p.add_argument(
+        "--egress-ca-refresh", help="command run after the CA is written (update-ca-certificates)"
     )
     p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import socket
@@ -34,7 +35,7 @@ from importlib import metadata
 
 import grpc
 
-from agentic_sandbox.agent import cgroups, files, identity, pki
+from agentic_sandbox.agent import cgroups, egress_trust, files, identity, pki
 from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.credentials import Credentials
@@ -115,6 +116,13 @@ class AgentRuntime:
         openers: dict[str, Opener] = {"exec": self._open_exec}
         openers.update(dict.fromkeys(files.KINDS, self._open_file))
         openers["port"] = PortRelay.open
+        if config.egress_ca_file:
+            openers["egress_trust"] = functools.partial(
+                egress_trust.open_trust_stream,
+                config.egress_ca_file,
+                config.egress_ca_bundle,
+                self._background,
+            )
         self.streams = StreamTable(openers, wake=self.wake, max_streams=config.max_streams)
         self._stream_turn = False
         # sessions and execs reach the egress proxy without a login shell's profile

@@ -277,6 +277,12 @@ class Settings(BaseSettings):
         description="resolve egress destinations from this hosts(5)-format file only "
         "(never DNS); unset: the host's resolver",
     )
+    egress_upstream_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CAs the egress proxy trusts for upstream servers of brokered "
+        "credentials, in addition to the host's trust store (tests: a test CA); verification "
+        "is never off",
+    )
 
     # ---- sessions ---------------------------------------------------------------------------
     session_ring_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)

@@ -930,6 +930,7 @@ class StreamOpen(_message.Message):
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
+    EGRESS_TRUST_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
     @_builtins.property
@@ -952,6 +953,8 @@ class StreamOpen(_message.Message):
     def egress(self) -> Global___EgressSpec:
         """21-29: ports"""
 
+    @_builtins.property
+    def egress_trust(self) -> Global___EgressTrust: ...
     def __init__(
         self,
         *,
@@ -965,12 +968,13 @@ class StreamOpen(_message.Message):
         file_remove: Global___FileRemove | None = ...,
         port: Global___PortSpec | None = ...,
         egress: Global___EgressSpec | None = ...,
+        egress_trust: Global___EgressTrust | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -1083,6 +1087,7 @@ class StreamClose(_message.Message):
     FILE_REMOVE_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
+    EGRESS_TRUST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
         """set: refused, failed or cancelled (then `result` is usually unset)"""
@@ -1107,6 +1112,8 @@ class StreamClose(_message.Message):
     def egress(self) -> Global___EgressResult:
         """21-29: ports"""
 
+    @_builtins.property
+    def egress_trust(self) -> Global___EgressTrustResult: ...
     def __init__(
         self,
         *,
@@ -1120,12 +1127,13 @@ class StreamClose(_message.Message):
         file_remove: Global___FileRemoved | None = ...,
         port: Global___PortResult | None = ...,
         egress: Global___EgressResult | None = ...,
+        egress_trust: Global___EgressTrustResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1789,3 +1797,53 @@ class EgressResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EgressResult: _TypeAlias = EgressResult  # noqa: Y015
+
+@_typing.final
+class EgressTrust(_message.Message):
+    """---- egress trust (a stream of kind `egress_trust`, opened by the server) --------------------------
+    The CA of this incarnation's egress proxy (PEM, the certificate only: its key never leaves the
+    host), for the guest's trust store: the proxy terminates TLS with it for destinations that have
+    a brokered credential. Sent at every registration (a new incarnation, a clone, a pool member,
+    a server restart: each may mean a new CA). Only agents configured with `egress_ca_file` accept it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CA_PEM_FIELD_NUMBER: _builtins.int
+    ca_pem: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        ca_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_pem", b"ca_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressTrust: _TypeAlias = EgressTrust  # noqa: Y015
+
+@_typing.final
+class EgressTrustResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    REFRESHED_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """where the agent wrote it"""
+    refreshed: _builtins.bool
+    """the trust store was rebuilt (e.g. update-ca-certificates)"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        refreshed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "refreshed", b"refreshed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressTrustResult: _TypeAlias = EgressTrustResult  # noqa: Y015

@@ -152,6 +152,20 @@ WantedBy=multi-user.target
 
 EGRESS_LISTEN = "127.0.0.1:3128"  # the agent's proxy listener in `allowlist` guests
 NO_PROXY = "localhost,127.0.0.1,::1"
+# The egress proxy's CA (per incarnation; sent over the agent link at each registration, since
+# a clone or a pool member boots from another guest's memory and a server restart makes a new
+# one): where the agent writes it, and the bundle OpenSSL reads that it is spliced into.
+EGRESS_CA_FILE = "/usr/local/share/ca-certificates/agentic-sandbox-egress.crt"
+EGRESS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def egress_agent_config() -> dict[str, str]:
+    """The agent settings of an `allowlist` guest: its proxy listener and the CA's place."""
+    return {
+        "egress_listen": EGRESS_LISTEN,
+        "egress_ca_file": EGRESS_CA_FILE,
+        "egress_ca_bundle": EGRESS_CA_BUNDLE,
+    }
 
 
 def proxy_environment(url: str) -> dict[str, str]:

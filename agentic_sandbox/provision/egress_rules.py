@@ -231,6 +231,101 @@ class EgressLimits(BaseModel):
     )
 
 
+MAX_CREDENTIALS = 32
+SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")  # an HTTP header name (RFC 9110)
+# headers the proxy itself owns (framing, routing, hop-by-hop): never a credential's
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+    }
+)
+VALUE_PLACEHOLDER = "{value}"
+
+
+class BrokeredCredential(BaseModel):
+    """A secret the proxy adds as a header to the requests for its destinations (the guest
+    never holds the value: the proxy terminates TLS for those destinations only)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    secret: str = Field(
+        pattern=SECRET_NAME_PATTERN,
+        description="the name of a secret of the instance's owner (its value is never shown)",
+    )
+    destinations: tuple[Annotated[str, Field(min_length=3, max_length=300)], ...] = Field(
+        min_length=1,
+        max_length=16,
+        description="`HOST:PORT` exactly (no wildcard, no methods); TLS (CONNECT) only",
+        examples=[["api.example.com:443"]],
+    )
+    header: str = Field(default="Authorization", description="the header set (replaced)")
+    format: str = Field(
+        default="Bearer {value}",
+        min_length=len(VALUE_PLACEHOLDER),
+        max_length=256,
+        description="the header's value, `{value}` standing for the secret's (once)",
+    )
+
+    @field_validator("destinations")
+    @classmethod
+    def _destinations(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        for text in value:
+            if "*" in text:
+                raise ValueError(f"{text[:80]!r}: a credential names its destinations exactly")
+            rule = parse_rule(text)
+            if rule.methods:
+                raise ValueError(f"{text[:80]!r}: a credential's destination has no methods")
+            if rule.text not in out:
+                out.append(rule.text)
+        return tuple(out)
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        if not _TOKEN_RE.match(value):
+            raise ValueError("not an HTTP header name")
+        if value.lower() in RESERVED_HEADERS:
+            raise ValueError(f"{value!r} is the proxy's own header")
+        return value
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.count(VALUE_PLACEHOLDER) != 1:
+            raise ValueError("must hold `{value}` exactly once")
+        rest = value.replace(VALUE_PLACEHOLDER, "")
+        if "{" in rest or "}" in rest:
+            raise ValueError("no braces besides `{value}`")
+        if not all(" " <= c <= "~" for c in rest):
+            raise ValueError("printable ASCII only (no control characters)")
+        return value
+
+    def serves(self, host: str, port: int) -> bool:
+        """Whether this credential is for the (normalised) destination."""
+        return any(_dest_matches(d, host, port) for d in self.destinations)
+
+    def header_value(self, secret_value: str) -> str:
+        return self.format.replace(VALUE_PLACEHOLDER, secret_value)
+
+
+def _dest_matches(dest: str, host: str, port: int) -> bool:
+    rule = parse_rule(dest)
+    return rule.port == port and rule.host == host
+
+
 class EgressConfig(BaseModel):
     """An instance's egress allowlist and limits (loadout `egress:`, create request, admin API)."""
 
@@ -238,6 +333,30 @@ class EgressConfig(BaseModel):
 
     allow: tuple[RuleInput, ...] = Field(default=(), max_length=MAX_RULES)
     limits: EgressLimits = EgressLimits()
+    credentials: tuple[BrokeredCredential, ...] = Field(
+        default=(),
+        max_length=MAX_CREDENTIALS,
+        description="brokered credentials: secrets the proxy adds for named destinations",
+    )
+
+    @field_validator("credentials")
+    @classmethod
+    def _one_per_destination(
+        cls, value: tuple[BrokeredCredential, ...]
+    ) -> tuple[BrokeredCredential, ...]:
+        seen: dict[str, int] = {}
+        for i, cred in enumerate(value):
+            for dest in cred.destinations:
+                if dest in seen:
+                    raise ValueError(
+                        f"{dest} has two credentials ({seen[dest]} and {i}): one at most"
+                    )
+                seen[dest] = i
+        return value
+
+    def credential_for(self, host: str, port: int) -> BrokeredCredential | None:
+        """The brokered credential of this destination, if it has one."""
+        return next((c for c in self.credentials if c.serves(host, port)), None)
 
     def decide(self, host: str, port: int, method: str | None) -> Rule | None:
         """The first rule allowing this destination, or None."""

@@ -40,6 +40,7 @@ from agentic_sandbox.provision.bundle import AgentBundle, BundleError
 from agentic_sandbox.provision.cloudinit import (
     EGRESS_LISTEN,
     AgentBootstrap,
+    egress_agent_config,
     render_meta_data,
     render_network_config,
     render_user_data,
@@ -279,9 +280,7 @@ class Provisioner:
             ca_pem=grant.ca_pem if grant else "",
             bundle=self.bundle(),
             runtime_baked=runtime_baked,
-            extra_config=(
-                {"egress_listen": EGRESS_LISTEN} if req.egress is EgressPolicy.ALLOWLIST else {}
-            ),
+            extra_config=(egress_agent_config() if req.egress is EgressPolicy.ALLOWLIST else {}),
         )
         identity = {
             **bootstrap.config(),

@@ -15,6 +15,7 @@ from agentic_sandbox.sdk.models import (
     Agent,
     Console,
     Egress,
+    EgressCredential,
     EgressLimits,
     EgressRule,
     EnrollmentToken,
@@ -237,13 +238,15 @@ class AsyncInstances(Resource):
         *,
         network: EgressNetwork | None = None,
         limits: EgressLimits | Mapping[str, int] | None = None,
+        credentials: Sequence[EgressCredential | Mapping[str, Any]] | None = None,
     ) -> Egress:
         """Replace the instance's allowlist with `allow` (rules as `HOST:PORT[:METHODS]` text,
         `EgressRule`s or `{host, port, methods}` mappings; empty: nothing allowed), effective
         for its next connection. `network` moves it between isolated and allowlist (unset:
         unchanged; nat cannot change while it runs, a `Conflict`); `limits` replaces the
-        limits as a whole (unset: unchanged). A bad rule is a `ValidationFailed` naming it
-        (`body.allow.N`, or `body.allow.N.host` …)."""
+        limits as a whole (unset: unchanged); `credentials` the brokered credentials
+        (`{secret, destinations, header, format}`; unset: unchanged, empty: none). A bad rule
+        is a `ValidationFailed` naming it (`body.allow.N`, or `body.allow.N.host` …)."""
         if isinstance(allow, str | bytes):
             raise TypeError("allow is a sequence of rules, not one rule")
         body: dict[str, Any] = {"allow": [_rule_body(r) for r in allow]}
@@ -256,6 +259,13 @@ class AsyncInstances(Resource):
             }
         elif limits is not None:
             body["limits"] = dict(limits)
+        if credentials is not None:
+            body["credentials"] = [
+                c.model_dump(include={"secret", "destinations", "header", "format"})
+                if isinstance(c, EgressCredential)
+                else dict(c)
+                for c in credentials
+            ]
         return await self._t.model(
             Egress, "PUT", f"{ADMIN}/instances/{instance_id}/egress", json_body=body
         )

@@ -158,9 +158,20 @@ class EgressLimits(ApiModel):
     bandwidth_bytes_per_second: int = 0
 
 
+class EgressCredential(ApiModel):
+    """A brokered credential: the proxy sets `header` to `format` (with the secret's value for
+    `{value}`) on the requests to `destinations`; the value itself is never shown."""
+
+    __schema__ = "BrokeredCredential"
+    secret: str
+    destinations: list[str] = Field(default_factory=list)
+    header: str = "Authorization"
+    format: str = "Bearer {value}"
+
+
 class Egress(ApiModel):
-    """An instance's egress policy (`network`: isolated, allowlist or nat), its allowlist and
-    the proxy's limits for it."""
+    """An instance's egress policy (`network`: isolated, allowlist or nat), its allowlist,
+    the proxy's limits for it and its brokered credentials."""
 
     __schema__ = "EgressOut"
     instance_id: str
@@ -168,6 +179,7 @@ class Egress(ApiModel):
     network: str
     allow: list[EgressRule] = Field(default_factory=list)
     limits: EgressLimits = Field(default_factory=EgressLimits)
+    credentials: list[EgressCredential] = Field(default_factory=list)
 
 
 class ExecStream(ApiModel):

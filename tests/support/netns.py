@@ -3,6 +3,8 @@
     with NamespaceHost("a") as host:        # a netns, a veth pair, 10.231.N.2 inside
         host.serve_http(8080, "hello")      # python3 -m http.server inside it
         host.serve_https(8443, cert, key, "hello")  # HTTPS (a test's own cert; /bytes/N too)
+        host.serve_https(8443, cert, key, "hello", require=("Authorization", "Bearer x"))
+                                            # /brokered answers 200 only with that header
         host.address                        # what the host side reaches it at
 
 Each host gets a /30 of 10.231.0.0/16 of its own (the host side .1, the namespace .2), chosen
@@ -37,9 +39,19 @@ _count = itertools.count()
 HTTPS_SERVER = r"""
 import http.server, ssl, sys
 addr, port, cert, key, text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+need = (sys.argv[6], sys.argv[7]) if len(sys.argv) > 7 else None
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path.startswith("/brokered"):  # checks the header a brokered credential sets
+            got = self.headers.get_all(need[0]) if need else None
+            ok = need is not None and got == [need[1]]
+            body = b"credential ok\n" if ok else f"credential wrong: {len(got or [])}\n".encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path.startswith("/bytes/"):  # N zero bytes (benchmarks)
             n = int(self.path.split("/")[2])
             self.send_response(200)
@@ -204,8 +216,11 @@ class NamespaceHost:
         )
         self._wait_listening(port)
 
-    def serve_https(self, port: int, cert: Path, key: Path, text: str) -> None:
-        self._run(
-            [sys.executable, "-c", HTTPS_SERVER, self.address, str(port), str(cert), str(key), text]
-        )
+    def serve_https(
+        self, port: int, cert: Path, key: Path, text: str, require: tuple[str, str] | None = None
+    ) -> None:
+        """HTTPS on `port`; with `require` (header, value) `/brokered` answers 200 only when the
+        request carries exactly that header (401 otherwise, never echoing a value)."""
+        argv = [sys.executable, "-c", HTTPS_SERVER, self.address, str(port), str(cert), str(key)]
+        self._run([*argv, text, *(require or ())])
         self._wait_listening(port)

@@ -166,6 +166,12 @@ class AgentRegistry:
         self._persist_state(conn, "connected", connected=True)
         self._notify(conn, "connected")
 
+    def registered(self, conn: AgentConnection) -> None:
+        """The link's registration was answered: it may carry server-opened streams now
+        (listeners hear `registered`, after `connected`)."""
+        if self._links.get(conn.instance_id) is conn:
+            self._notify(conn, "registered")
+
     def detach(self, conn: AgentConnection) -> None:
         if self._links.get(conn.instance_id) is conn:
             del self._links[conn.instance_id]

@@ -394,6 +394,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             reconciled = await self._handler.on_register(conn, inventory_from_pb(reg))
             conn.answer_register(registry.server_id, self._heartbeat_ms, reconciled)
             conn.registered = True
+            registry.registered(conn)
             reader = asyncio.create_task(
                 self._read_loop(conn, request_iterator), name=f"agent-reader-{conn.instance_id}"
             )

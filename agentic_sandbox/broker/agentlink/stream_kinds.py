@@ -231,13 +231,37 @@ def to_close(result: EgressResult) -> pb.StreamClose:
     )
 
 
+# ---- egress trust (opened by the server) --------------------------------------------------------
+@dataclass(slots=True)
+class EgressTrust:
+    """The CA certificate (PEM) of the instance's egress proxy, for the guest's trust store."""
+
+    ca_pem: bytes
+
+
+@dataclass(slots=True)
+class EgressTrustResult:
+    path: str  # where the agent wrote it (untrusted: for the record only)
+    refreshed: bool
+
+
 DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
 
 OpenSpec = (
-    ExecSpec | FileUpload | FileDownload | FileStat | FileList | FileMkdir | FileRemove | PortSpec
+    ExecSpec
+    | FileUpload
+    | FileDownload
+    | FileStat
+    | FileList
+    | FileMkdir
+    | FileRemove
+    | PortSpec
+    | EgressTrust
 )
 Started = ExecStarted | FileInfo | PortConnected | None
-Result = ExecResult | FileResult | FileInfo | FileListing | FileRemoved | PortResult
+Result = (
+    ExecResult | FileResult | FileInfo | FileListing | FileRemoved | PortResult | EgressTrustResult
+)
 
 #: the agent's name for each kind (what it lists in `Register.stream_kinds`)
 KIND_NAMES: dict[type, str] = {
@@ -249,6 +273,7 @@ KIND_NAMES: dict[type, str] = {
     FileMkdir: "file_mkdir",
     FileRemove: "file_remove",
     PortSpec: "port",
+    EgressTrust: "egress_trust",
 }
 
 
@@ -308,6 +333,8 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
         )
     if isinstance(spec, PortSpec):
         return pb.StreamOpen(port=pb.PortSpec(port=spec.port))
+    if isinstance(spec, EgressTrust):
+        return pb.StreamOpen(egress_trust=pb.EgressTrust(ca_pem=spec.ca_pem))
     return pb.StreamOpen(file_remove=pb.FileRemove(path=spec.path, recursive=spec.recursive))
 
 
@@ -357,4 +384,8 @@ def close_result(close: pb.StreamClose) -> Result | None:
         return FileRemoved(path=close.file_remove.path, removed=close.file_remove.removed)
     if which == "port":
         return PortResult(bytes_in=close.port.bytes_in, bytes_out=close.port.bytes_out)
+    if which == "egress_trust":
+        return EgressTrustResult(
+            path=close.egress_trust.path[:4096], refreshed=close.egress_trust.refreshed
+        )
     return None

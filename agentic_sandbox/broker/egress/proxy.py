@@ -11,6 +11,14 @@ benchmarks). Its first request decides what happens:
   back (h11 frames both sides: bodies are streamed, never buffered whole). One request per
   connection: the answer ends with `Connection: close`.
 
+- `CONNECT host:port` to a destination with a **brokered credential** (`broker` answers a
+  `Brokered` for it) — the upstream is connected and its TLS verified first (a certificate
+  that does not verify is refused, 502 `upstream-certificate`, before the guest sees a `200`),
+  then the guest's TLS is terminated with a leaf of the incarnation's CA (`ssl.MemoryBIO`
+  over the pipe) and its one request is sent upstream (h11 both sides) with the credential's
+  header set — replacing whatever the guest sent under that name — and `Connection: close`.
+  Every other destination is a plain tunnel, never intercepted.
+
 A refusal is an HTTP answer at once (403 denied, 429 over a limit, 502 the upstream could not be
 reached, 400 a request that is not one), with the reason in `X-Egress-Reason` and a line of
 text; never a hang. Bytes are counted as the guest sees them (read from and written to its
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +90,7 @@ class Outcome:
     port: int = 0
     address: str = ""
     status: int = 0
+    credential: str = ""  # the secret's name, when its header was added (never the value)
     bytes_up: int = 0  # guest → proxy
     bytes_down: int = 0  # proxy → guest
     started: float = field(default_factory=time.monotonic)
@@ -117,7 +127,96 @@ class BadRequest(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Brokered:
+    """How one intercepted destination is served: the contexts and the header to set."""
+
+    name: str  # the secret's name (for the record)
+    header: bytes  # lower case
+    value: bytes = field(repr=False)
+    guest_context: ssl.SSLContext = field(repr=False)  # the leaf of the incarnation's CA
+    upstream_context: ssl.SSLContext = field(repr=False)  # verifies the real server
+
+
+class BrokerUnavailable(Exception):
+    """A destination has a credential that cannot be used now (reason, detail)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class TlsPipe:
+    """The guest's TLS, terminated here: `ssl.SSLObject` over memory BIOs on the guest's pipe."""
+
+    def __init__(self, pipe: Pipe, context: ssl.SSLContext, early: bytes) -> None:
+        self._pipe = pipe
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_side=True)
+        if early:
+            self._in.write(early)
+
+    async def _flush(self) -> None:
+        data = self._out.read()
+        if data:
+            await self._pipe.write(data)
+
+    async def _fill(self) -> bool:
+        data = await self._pipe.read()
+        if not data:
+            self._in.write_eof()
+            return False
+        self._in.write(data)
+        return True
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self._flush()
+                if not await self._fill():
+                    raise ConnectionError("the guest closed during the TLS handshake") from None
+            except ssl.SSLError:
+                with contextlib.suppress(Exception):
+                    await self._flush()  # the alert, so the guest knows why
+                raise
+        await self._flush()
+
+    async def read(self) -> bytes:
+        while True:
+            try:
+                data = self._tls.read(READ_CHUNK)
+            except ssl.SSLWantReadError:
+                await self._flush()
+                if not await self._fill():
+                    return b""
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+            except ssl.SSLError as exc:
+                raise ConnectionError(f"guest TLS: {exc}") from None
+            await self._flush()
+            return data
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            self._tls.write(data)
+            await self._flush()
+
+    async def end(self) -> None:
+        with contextlib.suppress(ssl.SSLError, ValueError):
+            self._tls.unwrap()
+        with contextlib.suppress(Exception):
+            await self._flush()
+        await self._pipe.end()
+
+
 Config = Callable[[], EgressConfig | None]
+Broker = Callable[[str, int], Awaitable[Brokered | None]]
 Opener = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
@@ -138,6 +237,7 @@ class ProxyConnection:
         resolver: Resolver,
         limits: InstanceLimits,
         opener: Opener = open_tcp,
+        broker: Broker | None = None,
     ) -> None:
         self.outcome = Outcome()
         self._pipe = Counted(pipe, self.outcome, limits)
@@ -145,6 +245,7 @@ class ProxyConnection:
         self._resolver = resolver
         self._limits = limits
         self._open = opener
+        self._broker = broker
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
 
     async def run(self) -> Outcome:
@@ -207,10 +308,18 @@ class ProxyConnection:
                 f"(the limit is {self._limits.max_connections})",
             )
         try:
+            brokered: Brokered | None = None
+            if method == "CONNECT" and self._broker is not None:
+                try:
+                    brokered = await self._broker(decision.host, port)
+                except BrokerUnavailable as exc:
+                    return await self._refuse(502, exc.reason, exc.detail, verdict="failed")
             upstream = await self._connect(decision)
             if upstream is None:
                 return None
-            if method == "CONNECT":
+            if brokered is not None:
+                await self._intercept(brokered, decision, port, *upstream)
+            elif method == "CONNECT":
                 await self._tunnel(*upstream)
             else:
                 await self._forward(request, method, decision, port, path, *upstream)
@@ -235,8 +344,15 @@ class ProxyConnection:
         return None
 
     async def _refuse(
-        self, status: int, reason: str, detail: str, *, verdict: str = "denied"
+        self,
+        status: int,
+        reason: str,
+        detail: str,
+        *,
+        verdict: str = "denied",
+        side: tuple[h11.Connection, Pipe] | None = None,
     ) -> None:
+        conn, pipe = side or (self._h11, self._pipe)
         out = self.outcome
         out.verdict, out.reason, out.detail, out.status = verdict, reason, detail, status
         body = f"egress {verdict}: {reason}: {detail}\n".encode("utf-8", "replace")
@@ -246,19 +362,19 @@ class ProxyConnection:
             ("connection", "close"),
             ("x-egress-reason", reason),
         ]
-        if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return  # an answer is under way already
         try:
-            await self._send(self._h11, h11.Response(status_code=status, headers=headers))
-            await self._send(self._h11, h11.Data(data=body))
-            await self._send(self._h11, h11.EndOfMessage())
-        except (h11.LocalProtocolError, ConnectionError):
+            await self._send(conn, h11.Response(status_code=status, headers=headers), pipe)
+            await self._send(conn, h11.Data(data=body), pipe)
+            await self._send(conn, h11.EndOfMessage(), pipe)
+        except (h11.LocalProtocolError, ConnectionError, ssl.SSLError):
             pass
 
-    async def _send(self, conn: h11.Connection, event: h11.Event) -> None:
+    async def _send(self, conn: h11.Connection, event: h11.Event, pipe: Pipe | None = None) -> None:
         data = conn.send(event)
         if data:
-            await self._pipe.write(data)
+            await (pipe or self._pipe).write(data)
 
     # ---- CONNECT ------------------------------------------------------------------------------
     async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -277,6 +393,106 @@ class ProxyConnection:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
+    # ---- CONNECT to a destination with a brokered credential ------------------------------------
+    async def _intercept(
+        self,
+        brokered: Brokered,
+        decision: Decision,
+        port: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        out = self.outcome
+        try:
+            try:
+                await writer.start_tls(
+                    brokered.upstream_context,
+                    server_hostname=decision.host,
+                    ssl_handshake_timeout=CONNECT_TIMEOUT,
+                )
+            except ssl.SSLCertVerificationError as exc:
+                why = exc.verify_message or str(exc)
+                return await self._refuse(
+                    502,
+                    "upstream-certificate",
+                    f"{decision.host}:{port} has a certificate that does not verify: {why}",
+                    verdict="failed",
+                )
+            except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
+                return await self._refuse(
+                    502,
+                    "upstream-tls-failed",
+                    f"TLS with {decision.host}:{port}: {type(exc).__name__}: {exc}",
+                    verdict="failed",
+                )
+            out.verdict, out.status = "failed", 200
+            await self._send(
+                self._h11,
+                h11.Response(status_code=200, headers=[], reason=b"Connection established"),
+            )
+            early, _closed = self._h11.trailing_data
+            tls = TlsPipe(self._pipe, brokered.guest_context, early)
+            try:
+                await asyncio.wait_for(tls.handshake(), HEAD_TIMEOUT)
+            except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+                out.reason = "guest-tls-failed"
+                out.detail = f"the guest's TLS did not complete: {type(exc).__name__}: {exc}"
+                return None
+            try:
+                await self._inside(brokered, decision, port, tls, reader, writer)
+            finally:
+                with contextlib.suppress(Exception):
+                    await tls.end()  # close_notify, then the pipe's end
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _inside(
+        self,
+        brokered: Brokered,
+        decision: Decision,
+        port: int,
+        tls: TlsPipe,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """The one request inside an intercepted tunnel, with the credential's header."""
+        out = self.outcome
+        inner = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        try:
+            request = await asyncio.wait_for(self._next_event(inner, tls.read), IDLE_TIMEOUT)
+        except (h11.RemoteProtocolError, ConnectionError, TimeoutError) as exc:
+            out.reason = "bad-request"
+            out.detail = f"no HTTP request inside the tunnel: {type(exc).__name__}: {exc}"
+            return await self._refuse(
+                400, "bad-request", out.detail, verdict="failed", side=(inner, tls)
+            )
+        if not isinstance(request, h11.Request):
+            out.reason, out.detail = "bad-request", "the guest closed without a request"
+            return None
+        method = request.method.decode("ascii", "replace").upper()
+        target = request.target.decode("ascii", "replace")
+        out.method = method
+        if not target.startswith("/"):
+            return await self._refuse(
+                400,
+                "bad-request",
+                f"inside a tunnel a request names a path, not {target[:120]!r}",
+                side=(inner, tls),
+            )
+        await self._forward(
+            request,
+            method,
+            decision,
+            port,
+            target,
+            reader,
+            writer,
+            side=(inner, tls),
+            inject=brokered,
+        )
+
     # ---- plain HTTP ---------------------------------------------------------------------------
     async def _forward(
         self,
@@ -287,14 +503,25 @@ class ProxyConnection:
         path: str,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        *,
+        side: tuple[h11.Connection, Pipe] | None = None,
+        inject: Brokered | None = None,
     ) -> None:
+        """One request from the guest (`side`: its h11 connection and pipe; the proxy request
+        by default, the one inside an intercepted tunnel otherwise) sent upstream and its
+        answer relayed; `inject`: the header set on the way (replacing the guest's)."""
         out = self.outcome
+        guest, pipe = side or (self._h11, self._pipe)
         up = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
-        host_header = decision.host if port == 80 else f"{decision.host}:{port}"
+        default_port = 443 if inject is not None else 80
+        host_header = decision.host if port == default_port else f"{decision.host}:{port}"
         if ":" in decision.host:
             host_header = f"[{decision.host}]:{port}"
+        drop = {b"host"} | ({inject.header} if inject is not None else set())
         headers = [(b"host", host_header.encode())]
-        headers += [(k, v) for k, v in _end_to_end(request.headers) if k != b"host"]
+        headers += [(k, v) for k, v in _end_to_end(request.headers) if k.lower() not in drop]
+        if inject is not None:
+            headers.append((inject.header, inject.value))
         headers.append((b"connection", b"close"))
 
         async def to_upstream(data: bytes) -> None:
@@ -306,11 +533,25 @@ class ProxyConnection:
             return await asyncio.wait_for(reader.read(READ_CHUNK), IDLE_TIMEOUT)
 
         try:
-            await to_upstream(up.send(h11.Request(method=method, target=path, headers=headers)))
-            while True:  # the request body, as it comes
-                event = await asyncio.wait_for(
-                    self._next_event(self._h11, self._pipe.read), IDLE_TIMEOUT
+            try:
+                head = up.send(h11.Request(method=method, target=path, headers=headers))
+            except h11.LocalProtocolError:
+                if inject is None:
+                    raise
+                # the secret's value is not a header value (a line break, a control byte)
+                await self._refuse(
+                    502,
+                    "credential-unusable",
+                    f"the value of secret {inject.name!r} cannot be sent as a header",
+                    verdict="failed",
+                    side=side,
                 )
+                return
+            await to_upstream(head)
+            if inject is not None:
+                out.credential = inject.name
+            while True:  # the request body, as it comes
+                event = await asyncio.wait_for(self._next_event(guest, pipe.read), IDLE_TIMEOUT)
                 if isinstance(event, h11.Data):
                     await to_upstream(up.send(h11.Data(data=event.data)))
                 elif isinstance(event, h11.EndOfMessage):
@@ -326,24 +567,29 @@ class ProxyConnection:
             out.verdict, out.status = "allowed", response.status_code
             resp_headers = [*_end_to_end(response.headers), (b"connection", b"close")]
             await self._send(
-                self._h11,
+                guest,
                 h11.Response(
                     status_code=response.status_code, headers=resp_headers, reason=response.reason
                 ),
+                pipe,
             )
             while True:
                 event = await self._next_event(up, from_upstream)
                 if isinstance(event, h11.Data):
-                    await self._send(self._h11, h11.Data(data=event.data))
+                    await self._send(guest, h11.Data(data=event.data), pipe)
                 elif isinstance(event, h11.EndOfMessage):
-                    await self._send(self._h11, h11.EndOfMessage())
+                    await self._send(guest, h11.EndOfMessage(), pipe)
                     break
                 else:
                     raise h11.RemoteProtocolError("the upstream answer ended early")
-        except (h11.ProtocolError, ConnectionError, TimeoutError) as exc:
+        except (h11.ProtocolError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
             if out.verdict != "allowed":
                 await self._refuse(
-                    502, "upstream-failed", f"{type(exc).__name__}: {exc}", verdict="failed"
+                    502,
+                    "upstream-failed",
+                    f"{type(exc).__name__}: {exc}",
+                    verdict="failed",
+                    side=side,
                 )
             else:
                 out.detail = f"ended early: {type(exc).__name__}: {exc}"

@@ -6,6 +6,13 @@ A replacement is audited (`egress.rules`, with the old and new rules), published
 already open keep running. `nat` is a property of the VM's network (it cannot change while it
 runs); `isolated` and `allowlist` differ only in whether the proxy serves, so a PUT may move
 between those two.
+
+Brokered credentials (`credentials`: a secret of the instance's owner, its destinations, the
+header and the value's format) are read and replaced with the rest; an answer names the
+secret, never its value (the proxy reads the value from the vault per connection). A PUT
+without `credentials` keeps the instance's (so a caller that knows only `allow` and `limits`
+changes nothing else); `[]` removes them. A secret that does not exist is refused (422 naming
+`body.credentials.N.secret`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from agentic_sandbox.broker.instances import instance_to_change, instance_to_see
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.provision.egress_rules import (
+    MAX_CREDENTIALS,
     MAX_RULES,
+    BrokeredCredential,
     EgressConfig,
     EgressLimits,
     Rule,
@@ -42,6 +51,10 @@ class EgressOut(Output):
     network: str = Field(description="isolated, allowlist or nat")
     allow: list[Rule]
     limits: EgressLimits
+    credentials: list[BrokeredCredential] = Field(
+        default_factory=list,
+        description="brokered credentials (secret names, never values)",
+    )
 
 
 class EgressIn(Input):
@@ -53,6 +66,12 @@ class EgressIn(Input):
         description="rules as `HOST:PORT[:METHODS]` text or {host, port, methods}",
     )
     limits: EgressLimits | None = Field(default=None, description="unset: unchanged")
+    credentials: list[BrokeredCredential] | None = Field(
+        default=None,
+        max_length=MAX_CREDENTIALS,
+        description="brokered credentials: a secret of the instance's owner for the named "
+        "destinations (`HOST:PORT`), its header and format; unset: unchanged, [] none",
+    )
 
 
 def _out(row: m.Instance, network: str, config: EgressConfig) -> EgressOut:
@@ -62,7 +81,15 @@ def _out(row: m.Instance, network: str, config: EgressConfig) -> EgressOut:
         network=network,
         allow=list(config.allow),
         limits=config.limits,
+        credentials=list(config.credentials),
     )
+
+
+def _credentials_detail(config: EgressConfig) -> list[dict[str, object]]:
+    return [
+        {"secret": c.secret, "destinations": list(c.destinations), "header": c.header}
+        for c in config.credentials
+    ]
 
 
 @api.get(
@@ -102,7 +129,36 @@ async def put_egress(call: Call[EgressIn, NoQuery]) -> EgressOut:
                 code="network-fixed",
             )
         old = config_of(live.spec)
-        new = EgressConfig(allow=tuple(call.body.allow), limits=call.body.limits or old.limits)
+        creds = old.credentials if call.body.credentials is None else call.body.credentials
+        for i, cred in enumerate(creds if call.body.credentials is not None else ()):
+            if not await svc.vault.exists(live.owner, cred.secret):
+                raise ProblemError(
+                    422,
+                    f"body.credentials.{i}.secret: the instance's owner has no secret "
+                    f"{cred.secret!r}",
+                    errors=[
+                        {
+                            "field": f"body.credentials.{i}.secret",
+                            "message": "no such secret of the instance's owner",
+                            "type": "not-found",
+                        }
+                    ],
+                )
+        try:
+            new = EgressConfig(
+                allow=tuple(call.body.allow),
+                limits=call.body.limits or old.limits,
+                credentials=tuple(creds),
+            )
+        except ValueError as exc:  # pydantic's ValidationError is one
+            errors = getattr(exc, "errors", None)
+            why = str(errors()[0].get("msg", exc)) if callable(errors) else str(exc)
+            why = why.removeprefix("Value error, ")
+            raise ProblemError(
+                422,
+                f"body.credentials: {why}",
+                errors=[{"field": "body.credentials", "message": why, "type": "value_error"}],
+            ) from None
         network = call.body.network or live.network_policy
         before = live.network_policy
         live.spec = {**(live.spec or {}), "egress": new.model_dump(mode="json")}
@@ -116,6 +172,8 @@ async def put_egress(call: Call[EgressIn, NoQuery]) -> EgressOut:
         "allow": [r.text for r in new.allow],
         "allow_before": [r.text for r in old.allow],
         "limits": new.limits.model_dump(mode="json"),
+        "credentials": _credentials_detail(new),
+        "credentials_before": _credentials_detail(old),
     }
     svc.audit.record(
         who.actor,

@@ -12,6 +12,13 @@ connection at a time, which a proxy cannot share; the link's streams are multipl
 `allowlist` instances are served; the answer is cached per incarnation and replaced at once
 by `replace`, so a change applies to the next connection.
 
+**Brokered credentials.** An instance's `spec.egress.credentials` name secrets of its owner
+and the destinations they are for. A `CONNECT` to such a destination is intercepted
+(`proxy.py`): the proxy shows the guest a leaf of the incarnation's CA (`interception.py`, in
+memory only, destroyed when the incarnation ends; sent to the agent at every registration by
+the component) and sets the header from the secret's value, read from the vault for that
+connection only. The record names the secret (`credential`), never its value.
+
 **Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
 ok/denied/failed, the verdict and the rest in its detail) and one event, `egress.allowed`
 (when it ends, with bytes and duration), `egress.denied` or `egress.failed`, counted in
@@ -28,8 +35,17 @@ from typing import Any
 
 from sqlalchemy import select
 
+from agentic_sandbox.broker.egress.interception import CAEnded, IncarnationCA, upstream_context
 from agentic_sandbox.broker.egress.limits import InstanceLimits
-from agentic_sandbox.broker.egress.proxy import Opener, Outcome, Pipe, ProxyConnection, open_tcp
+from agentic_sandbox.broker.egress.proxy import (
+    Brokered,
+    BrokerUnavailable,
+    Opener,
+    Outcome,
+    Pipe,
+    ProxyConnection,
+    open_tcp,
+)
 from agentic_sandbox.broker.egress.resolver import HostsFileResolver, Resolver, SystemResolver
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
@@ -86,6 +102,8 @@ class EgressService:
         self.connections: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
         self.bytes: Counter[str] = Counter()  # up, down
         self._runs: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+        self._cas: dict[tuple[str, str], IncarnationCA] = {}
+        self.upstream = upstream_context(svc.settings.egress_upstream_ca_file)
         svc.metrics.provide_counter(
             "sandbox_egress_connections",
             "Egress proxy connection attempts by verdict and reason",
@@ -138,6 +156,49 @@ class EgressService:
             del self._policies[instance_id]
         self._limits.pop((instance_id, incarnation), None)
         self._runs.pop((instance_id, incarnation), None)
+        ca = self._cas.pop((instance_id, incarnation), None)
+        if ca is not None:
+            ca.destroy()
+
+    # ---- the incarnation's CA -----------------------------------------------------------------
+    def ca_for(self, instance_id: str, incarnation: str, *, renew: bool = False) -> IncarnationCA:
+        """The incarnation's CA, made on first use (`renew`: a new one when this one is near
+        its end — what a registration asks, since it sends the CA to the guest)."""
+        key = (instance_id, incarnation)
+        ca = self._cas.get(key)
+        if ca is None or ca.ended or (renew and not ca.fresh()):
+            if ca is not None:
+                ca.destroy()
+            ca = self._cas[key] = IncarnationCA(instance_id, incarnation)
+        return ca
+
+    async def brokered(self, who: Requester, host: str, port: int) -> Brokered | None:
+        """How to serve a CONNECT to host:port for `who`: None (a plain tunnel) unless the
+        destination has a brokered credential now."""
+        live = self._policies.get(who.instance_id)
+        if live is None or live.incarnation != who.incarnation or live.effective is None:
+            return None
+        cred = live.effective.credential_for(host, port)
+        if cred is None:
+            return None
+        value = await self.svc.vault.value_of(who.owner, cred.secret)
+        if value is None:
+            raise BrokerUnavailable(
+                "credential-unavailable",
+                f"{host}:{port} has the brokered credential {cred.secret!r}, "
+                "which is not a secret of the instance's owner (any more)",
+            )
+        try:
+            guest_context = self.ca_for(who.instance_id, who.incarnation).server_context(host)
+        except CAEnded:
+            raise BrokerUnavailable("credential-unavailable", "the incarnation ended") from None
+        return Brokered(
+            name=cred.secret,
+            header=cred.header.lower().encode("ascii"),
+            value=cred.header_value(value).encode("utf-8"),
+            guest_context=guest_context,
+            upstream_context=self.upstream,
+        )
 
     def _limits_for(self, who: Requester, config: EgressConfig | None) -> InstanceLimits:
         key = (who.instance_id, who.incarnation)
@@ -190,8 +251,16 @@ class EgressService:
                 return None
             return live.effective
 
+        async def broker(host: str, port: int) -> Brokered | None:
+            return await self.brokered(who, host, port)
+
         conn = ProxyConnection(
-            pipe, config=current, resolver=self.resolver, limits=limits, opener=self._open
+            pipe,
+            config=current,
+            resolver=self.resolver,
+            limits=limits,
+            opener=self._open,
+            broker=broker,
         )
         try:
             return await conn.run()
@@ -221,6 +290,8 @@ class EgressService:
             "bytes_down": out.bytes_down,
             "duration_ms": round(out.duration * 1000, 3),
         }
+        if out.credential:
+            detail["credential"] = out.credential  # the secret's name: its header was added
         if run is not None:
             detail["task_id"], detail["run_id"] = run
         if out.detail:

@@ -104,6 +104,24 @@ class Vault:
             row.version += 1
             return row, False
 
+    async def value_of(self, owner: str, name: str) -> str | None:
+        """The value of `owner`'s secret `name` (server-side use only: the egress proxy's
+        brokered credentials), or None when there is none."""
+        async with self._db.session() as s:
+            row = await s.scalar(
+                select(m.Secret).where(m.Secret.owner == owner, m.Secret.name == name)
+            )
+        if row is None:
+            return None
+        return self.open(row.ciphertext).decode()
+
+    async def exists(self, owner: str, name: str) -> bool:
+        async with self._db.session() as s:
+            found = await s.scalar(
+                select(m.Secret.id).where(m.Secret.owner == owner, m.Secret.name == name)
+            )
+        return found is not None
+
     async def values_for_instance(self, instance_id: str) -> dict[str, str]:
         """Environment name → value of the secrets bound to an instance's live incarnation
         (server-side use only): a binding made for an earlier instance with this id never

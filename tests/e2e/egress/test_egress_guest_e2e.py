@@ -11,7 +11,12 @@ settings its seed wrote (a login shell: `/etc/profile.d/egress-proxy.sh`):
 - the denied host, the server's admin port on the host and 169.254.169.254 are refused by the
   proxy, and raw TCP to each of them — and to the allowed host's own address — fails;
 - replacing the rules through the admin API applies to the next request;
-- every attempt through the proxy is an event with its verdict.
+- every attempt through the proxy is an event with its verdict;
+- a brokered credential: the incarnation's CA reaches the guest's trust store over the link
+  (`egress.ca.installed`), a request with the system's trust (no CA of the test's) to the
+  brokered destination reaches the namespace host, which checks the header; the value is in
+  no environment (`env`, `/proc/*/environ`), no file of the guest's disk and no process's
+  memory. (The image has no curl: Python's urllib is the tool.)
 
 One guest for the module (a cold boot is ~50 s alone, minutes on a loaded machine).
 """
@@ -40,6 +45,40 @@ pytestmark = [
 GUEST = f"{NAME_PREFIX}egress"
 ALLOWED = "allowed.egress.test"
 DENIED = "denied.egress.test"
+BROKERED_PORT = 8446  # the allowed host's HTTPS port with a brokered credential
+SECRET = "E2E_BROKER_TOKEN"
+VALUE = "sbx-e2e-brokered-5c0d8a6f1e93b7"
+# the value as a regex that does not hold it (an argv is logged; it must not plant the value)
+PATTERN = VALUE[:3] + "[" + VALUE[3] + "]" + VALUE[4:]
+
+MEMSCAN = r"""
+import json, os, re, sys
+pat = re.compile(sys.argv[1].encode())
+hits, scanned = [], 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue  # this process compiled the pattern (never the value itself, but skip it)
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+    except OSError:
+        continue
+    with mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r") or "[vvar]" in line or "[vsyscall]" in line:
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                data = mem.read(end - start)
+            except (OSError, ValueError, OverflowError):
+                continue
+            scanned += len(data)
+            if pat.search(data):
+                hits.append(pid)
+print(json.dumps({"hits": sorted(set(hits)), "scanned": scanned}))
+"""
 
 FETCH = r"""
 import json, ssl, sys, urllib.request, urllib.error
@@ -82,6 +121,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with NamespaceHost("allowed") as allowed, NamespaceHost("denied") as denied:
         allowed.serve_http(8080, "hello from the allowed host")
         allowed.serve_https(8443, cert, key, "tls hello from the allowed host")
+        need = ("Authorization", f"Bearer {VALUE}")
+        allowed.serve_https(BROKERED_PORT, cert, key, "brokered", require=need)
         denied.serve_http(8080, "the denied host answered")
         hosts = tmp / "hosts"
         hosts.write_text(f"{allowed.address} {ALLOWED}\n{denied.address} {DENIED}\n")
@@ -90,6 +131,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             # a shared 2-core machine under load boots TCG guests many times slower than alone
             SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="1500",
             SANDBOX_EGRESS_HOSTS_FILE=str(hosts),
+            # the proxy verifies the brokered upstream: the host's store plus the test's CA
+            SANDBOX_EGRESS_UPSTREAM_CA_FILE=str(ca),
         ) as srv:
             try:
                 yield Env(srv, allowed, denied, ca)
@@ -99,7 +142,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 def rules(env: Env) -> list[str]:
     a = env.allowed.address
-    return [f"{ALLOWED}:8080", f"{ALLOWED}:8443", f"{a}:8080", f"{a}:8443"]
+    ports = (8080, 8443, BROKERED_PORT)
+    return [f"{ALLOWED}:{p}" for p in ports] + [f"{a}:{p}" for p in ports]
+
+
+CREDENTIALS = [{"secret": SECRET, "destinations": [f"{ALLOWED}:{BROKERED_PORT}"]}]
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +156,13 @@ def guest(env: Env) -> str:
     assert status == 202, op
     op = wait_op(server, op, timeout=900)
     assert op["state"] == "succeeded", op.get("error")
+    server.ok("PUT", f"/api/v2/admin/secrets/{SECRET}", {"value": VALUE})
     body = {
         "id": GUEST,
         "image": RECIPE,
         "loadout": "minimal",
         "network": "allowlist",
-        "egress": {"allow": rules(env)},
+        "egress": {"allow": rules(env), "credentials": CREDENTIALS},
     }
     status, op = server.api("POST", "/api/v2/admin/instances", body)
     assert status == 202, op
@@ -132,19 +180,24 @@ def guest(env: Env) -> str:
     return GUEST
 
 
-def ex(server: ServerProcess, argv: list[str], stdin: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"argv": argv, "budget": {"timeout_seconds": 120}}
+def ex(
+    server: ServerProcess, argv: list[str], stdin: str | None = None, timeout: int = 120
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"argv": argv, "budget": {"timeout_seconds": timeout}}
     if stdin is not None:
         body["stdin"] = stdin
-    status, out = server.api("POST", f"/api/v2/admin/instances/{GUEST}/exec", body, timeout=300)
+    status, out = server.api(
+        "POST", f"/api/v2/admin/instances/{GUEST}/exec", body, timeout=timeout + 180
+    )
     assert status == 200, (status, out)
     assert out["exit_code"] == 0, f"{argv[:2]}: exit {out['exit_code']}: {out['stderr']['data']}"
     return dict(out)
 
 
 def fetch(env: Env, url: str, *, https: bool = False, force: bool = False) -> dict[str, Any]:
-    """urllib in a login shell of the guest (so with the seed's proxy settings); `force`:
-    through the proxy even for the names `no_proxy` keeps local (the guest's own loopback)."""
+    """urllib in a login shell of the guest (so with the seed's proxy settings; `https`: the
+    test's CA, else the system's trust store); `force`: through the proxy even for the names
+    `no_proxy` keeps local (the guest's own loopback)."""
     argv = ["python3", "-c", FETCH, url, *(["/tmp/egress-ca.pem"] if https else [])]
     if force:
         argv = ["env", "no_proxy=", "NO_PROXY=", *argv]
@@ -161,7 +214,12 @@ def egress_events(env: Env, after: int) -> list[dict[str, Any]]:
     out = env.server.ok(
         "GET", f"/api/v1/events?type=egress.*&instance_id={GUEST}&after={after}&limit=200"
     )
-    return [e for e in out["items"] if e["type"] != "egress.rules.changed"]
+    # connection attempts only (not rule changes, not the CA's delivery)
+    return [
+        e
+        for e in out["items"]
+        if e["type"] != "egress.rules.changed" and not e["type"].startswith("egress.ca.")
+    ]
 
 
 def last_seq(env: Env) -> int:
@@ -241,3 +299,54 @@ def test_replacing_the_rules_applies_to_the_next_request(env: Env, guest: str) -
     assert fetch(env, f"https://{ALLOWED}:8443/", https=True)["status"] == 200
     env.server.ok("PUT", f"/api/v2/admin/instances/{guest}/egress", {"allow": rules(env)})
     assert fetch(env, f"http://{ALLOWED}:8080/")["status"] == 200
+
+
+def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
+    env: Env, guest: str
+) -> None:
+    env.server.ok(  # the earlier tests replaced the rules; the credentials stayed
+        "PUT", f"/api/v2/admin/instances/{guest}/egress", {"allow": rules(env)}
+    )
+    got = env.server.ok("GET", f"/api/v2/admin/instances/{guest}/egress")
+    assert [c["secret"] for c in got["credentials"]] == [SECRET]
+    deadline = time.monotonic() + 300  # update-ca-certificates in a loaded TCG guest: slow
+    while True:  # (a push that failed — a link lost under load — is made again at reconnect)
+        out = env.server.ok("GET", f"/api/v1/events?type=egress.ca.*&instance_id={GUEST}&limit=200")
+        installed = [e for e in out["items"] if e["type"] == "egress.ca.installed"]
+        if installed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert installed, out["items"]
+    assert installed[-1]["data"]["refreshed"] is True
+    after = last_seq(env)
+    # the system's trust store (what update-ca-certificates built), no CA of the test's
+    got = fetch(env, f"https://{ALLOWED}:{BROKERED_PORT}/brokered")
+    assert got == {"status": 200, "body": "credential ok\n"}, got
+    events = wait_events(env, after, 1)
+    assert [(e["type"], e["data"].get("credential")) for e in events] == [
+        ("egress.allowed", SECRET)
+    ]
+    # the value is nowhere in the guest (the long scans at nice 19: the agent's link first)
+    environ = ex(
+        env.server,
+        [
+            "bash",
+            "-lc",
+            "env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null; true",
+        ],
+    )["stdout"]["data"]
+    assert "http_proxy=" in environ and VALUE not in environ
+    roots = "/etc /home /root /tmp /var /opt /usr/local /run /srv /boot"
+    out = ex(
+        env.server,
+        ["nice", "-n", "19", "sh", "-c", f"grep -rlaE -D skip '{PATTERN}' {roots}; echo status=$?"],
+        timeout=900,
+    )
+    # no file matched (grep says 1; 2 only for unreadable places, named on stderr)
+    assert out["stdout"]["data"].strip() in ("status=1", "status=2"), out
+    mem = json.loads(
+        ex(env.server, ["nice", "-n", "19", "python3", "-c", MEMSCAN, PATTERN], timeout=900)[
+            "stdout"
+        ]["data"]
+    )
+    assert mem["hits"] == [] and mem["scanned"] > 10_000_000, mem

@@ -28,7 +28,12 @@ def files_for(network: EgressPolicy, tmp: Path) -> dict[str, dict[str, Any]]:
 
 def test_allowlist_guests_point_every_tool_at_the_agents_listener(tmp_path: Path) -> None:
     files = files_for(EgressPolicy.ALLOWLIST, tmp_path)
-    assert tomllib.loads(files[AGENT_CONFIG]["content"])["egress_listen"] == "127.0.0.1:3128"
+    config = tomllib.loads(files[AGENT_CONFIG]["content"])
+    assert config["egress_listen"] == "127.0.0.1:3128"
+    # the egress CA comes over the link at each registration; the seed says where it goes
+    assert config["egress_ca_file"] == "/usr/local/share/ca-certificates/agentic-sandbox-egress.crt"
+    assert config["egress_ca_bundle"] == "/etc/ssl/certs/ca-certificates.crt"
+    assert not any("ca-certificates" in path for path in files)
     env = files["/etc/environment"]
     assert env["append"] is True
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
@@ -47,5 +52,6 @@ def test_allowlist_guests_point_every_tool_at_the_agents_listener(tmp_path: Path
 def test_other_guests_get_no_proxy(tmp_path: Path) -> None:
     for network in (EgressPolicy.ISOLATED, EgressPolicy.NAT):
         files = files_for(network, tmp_path)
-        assert "egress_listen" not in tomllib.loads(files[AGENT_CONFIG]["content"])
+        config = tomllib.loads(files[AGENT_CONFIG]["content"])
+        assert "egress_listen" not in config and "egress_ca_file" not in config
         assert not {"/etc/environment", "/etc/pip.conf", "/etc/gitconfig"} & set(files)
