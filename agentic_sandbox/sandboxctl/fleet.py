@@ -111,12 +111,17 @@ async def instance_get(c: AsyncClient, a: argparse.Namespace) -> None:
 
 
 async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
+    if a.allow is not None and a.network not in (None, "allowlist"):
+        raise CliError(
+            f"--allow is the allowlist of --network allowlist, not {a.network}", EXIT_USAGE
+        )
     spec: dict[str, Any] = {
         "image": a.image,
         "loadout": a.loadout,
         "loadout_version": a.loadout_version,
         "from_snapshot": a.from_snapshot,
         "network": a.network,
+        "allow": a.allow,
         "cpus": a.cpus,
         "memory_mib": a.memory,
         "disk_gib": a.disk,
@@ -125,6 +130,8 @@ async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
         spec["ssh_keys"] = [Path(p).expanduser().read_text().strip() for p in a.ssh_key]
     try:
         op = await c.instances.create(a.id, **spec)
+    except ValidationFailed as exc:
+        raise _bad_rules(exc, a.allow or [], "body.egress.allow") from None
     except ApiError as exc:
         recipe = exc.problem.get("recipe") if exc.code == "image-not-built" else None
         if recipe is None or a.no_build:
@@ -208,13 +215,15 @@ def _egress_view(policy: Egress) -> dict[str, Any]:
     }
 
 
-def _bad_rules(exc: ValidationFailed, given: list[str]) -> CliError:
-    """The server's refusal of a rule, with the `--allow` it came from named."""
+def _bad_rules(exc: ValidationFailed, given: list[str], at: str = "body.allow") -> CliError:
+    """The server's refusal of a rule (at `at`.N), with the `--allow` it came from named."""
     lines, named = [], 0
+    prefix = at.split(".")
     for field, message in exc.fields.items():
         parts = field.split(".")
-        if len(parts) >= 3 and parts[:2] == ["body", "allow"] and parts[2].isdigit():
-            index = int(parts[2])
+        n = len(prefix)
+        if len(parts) > n and parts[:n] == prefix and parts[n].isdigit():
+            index = int(parts[n])
             if index < len(given):
                 lines.append(f"--allow {given[index]!r} ({field}): {message}")
                 named += 1
@@ -423,7 +432,13 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--loadout")
     v.add_argument("--loadout-version", type=int, help="a version of the loadout (default: active)")
     v.add_argument("--from-snapshot", help="INSTANCE/SNAPSHOT to restore from")
-    v.add_argument("--network", choices=["isolated", "nat"])
+    v.add_argument("--network", choices=["isolated", "allowlist", "nat"])
+    v.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST:PORT[:METHODS]",
+        help="a rule of the instance's egress allowlist (repeatable; implies --network allowlist)",
+    )
     v.add_argument("--cpus", type=int)
     v.add_argument("--memory", type=int, help="MiB")
     v.add_argument("--disk", type=int, help="GiB")

@@ -37,7 +37,7 @@ from agentic_sandbox.sdk.operations import ADMIN, AsyncOperations, Progress, Res
 from agentic_sandbox.sdk.ports import PortForward, Tunnel, proxy_path
 from agentic_sandbox.sdk.transport import Transport
 
-Network = Literal["isolated", "nat"]
+Network = Literal["isolated", "allowlist", "nat"]
 EgressNetwork = Literal["isolated", "allowlist"]
 RuleLike = str | EgressRule | Mapping[str, Any]
 """A rule as `set_egress` takes it: `HOST:PORT[:METHODS]` text, an `EgressRule`, or a
@@ -121,6 +121,7 @@ class AsyncInstances(Resource):
         memory_mib: int | None = None,
         disk_gib: int | None = None,
         network: Network | None = None,
+        allow: Sequence[RuleLike] | None = None,
         ssh_keys: Sequence[str] | None = None,
         host: str | None = None,
         host_labels: Mapping[str, str] | None = None,
@@ -130,7 +131,14 @@ class AsyncInstances(Resource):
         loadout_spec: Mapping[str, Any] | None = None,
     ) -> Operation:
         """Start provisioning; the answer is the operation (follow it with `wait_ready`).
-        `from_snapshot` is `INSTANCE/SNAPSHOT` (a memory snapshot restored under a new id)."""
+        `from_snapshot` is `INSTANCE/SNAPSHOT` (a memory snapshot restored under a new id).
+        `allow`: the egress allowlist of an `allowlist` instance (rules as `set_egress` takes
+        them; unset: the loadout's; given, `network` defaults to `allowlist`); a bad rule is a
+        `ValidationFailed` naming `body.egress.allow.N`."""
+        if isinstance(allow, str | bytes):
+            raise TypeError("allow is a sequence of rules, not one rule")
+        if allow is not None and network is None:
+            network = "allowlist"
         resources = _drop_none({"cpus": cpus, "memory_mib": memory_mib, "disk_gib": disk_gib})
         body = _drop_none(
             {
@@ -149,6 +157,7 @@ class AsyncInstances(Resource):
                 "wait_ready": wait_ready,
                 "ready_timeout_seconds": ready_timeout_seconds,
                 "loadout_spec": dict(loadout_spec) if loadout_spec is not None else None,
+                "egress": {"allow": [_rule_body(r) for r in allow]} if allow is not None else None,
             }
         )
         return await self._t.model(Operation, "POST", f"{ADMIN}/instances", json_body=body)

@@ -24,7 +24,9 @@ import pytest
 
 from agentic_sandbox import AsyncClient
 from agentic_sandbox.broker.instances import FleetComponent
+from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.images import BuiltImage, ImageBuilder
+from agentic_sandbox.provision.egress_rules import EgressConfig
 from tests.integration.cli.test_sandboxctl_verbs import (
     NON_FLEET_VERBS,
     Case,
@@ -477,3 +479,44 @@ async def test_loadout_apply_versions_activate(
     viewer = await r.make_token("vera", "viewer")
     code, out, err = await cli.run_async("loadout", "apply", str(web), token=viewer)
     assert code == 4, (out, err)
+
+
+async def test_create_an_allowlist_instance_with_its_rules(
+    fleet_server: Running, cli: Sandboxctl
+) -> None:
+    """`instance create --allow` (implying `--network allowlist`) and the SDK's `allow=` make an
+    allowlist instance whose rules the egress API answers, normalised; a bad rule is refused
+    naming the `--allow` it came from, and nothing is made."""
+    r = fleet_server
+    assert (await cli.run_async("image", "build", RECIPE))[0] == 0
+    code, out, err = await cli.run_async(
+        "instance", "create", "al-1", "--allow", "API.Example.com.:443", "--allow",
+        "*.pypi.org:443", "--no-wait",
+    )  # fmt: skip
+    assert code == 0, (out, err)
+
+    async def rules(iid: str) -> tuple[str, list[str]]:
+        """The instance's network and allowlist as the server recorded them (this server
+        runs the fleet alone; the egress API is tested with its component elsewhere)."""
+        async with r.svc.db.session() as s:
+            row = await s.get(m.Instance, iid)
+            assert row is not None
+            egress = EgressConfig.model_validate(row.spec["egress"])
+            return row.network_policy, [rule.text for rule in egress.allow]
+
+    assert await rules("al-1") == ("allowlist", ["api.example.com:443", "*.pypi.org:443"])
+    async with AsyncClient(r.url, r.admin_token) as c:
+        await c.operations.wait(
+            await c.instances.create("al-2", allow=["deb.debian.org:80:GET"], wait_ready=False)
+        )
+    assert await rules("al-2") == ("allowlist", ["deb.debian.org:80:GET"])
+    code, out, err = await cli.run_async(
+        "instance", "create", "al-3", "--allow", "no-port-here", "--no-wait"
+    )
+    assert code == 6 and "--allow 'no-port-here' (body.egress.allow.0" in err, (out, err)
+    code, out, err = await cli.run_async(
+        "instance", "create", "al-3", "--network", "nat", "--allow", "x.org:443", "--no-wait"
+    )
+    assert code == 2 and "--allow is the allowlist of --network allowlist, not nat" in err, err
+    status, _, _ = await r.call("GET", "/api/v2/admin/instances/al-3")
+    assert status == 404
