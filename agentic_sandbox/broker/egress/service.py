@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,7 @@ from agentic_sandbox.provision.egress_rules import EgressConfig
 log = logging.getLogger(__name__)
 
 VERDICTS = ("allowed", "denied", "failed")
+MAX_RUN_BYTES = 10_000  # task runs whose egress bytes are kept (the latest)
 RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
 
 
@@ -102,6 +103,8 @@ class EgressService:
         self.connections: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
         self.bytes: Counter[str] = Counter()  # up, down
         self._runs: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+        # bytes (up, down) of the ended connections attributed to each task run, newest last
+        self._run_bytes: OrderedDict[str, list[int]] = OrderedDict()
         self._cas: dict[tuple[str, str], IncarnationCA] = {}
         self.upstream = upstream_context(svc.settings.egress_upstream_ca_file)
         svc.metrics.provide_counter(
@@ -237,6 +240,23 @@ class EgressService:
         self._runs[key] = (now, found)
         return found
 
+    def run_bytes(self, run_id: str) -> tuple[int, int]:
+        """Bytes (up to the destinations, down from them) of the egress connections made while
+        task run `run_id` ran on its instance, counted as each connection ends (one still open
+        when the run ends counts in the audit row it gets then, not here). Kept for the
+        latest `MAX_RUN_BYTES` runs."""
+        got = self._run_bytes.get(run_id)
+        return (got[0], got[1]) if got is not None else (0, 0)
+
+    def _count_for_run(self, run_id: str, up: int, down: int) -> None:
+        got = self._run_bytes.get(run_id)
+        if got is None:
+            got = self._run_bytes[run_id] = [0, 0]
+            while len(self._run_bytes) > MAX_RUN_BYTES:
+                self._run_bytes.popitem(last=False)
+        got[0] += up
+        got[1] += down
+
     # ---- one connection -----------------------------------------------------------------------
     async def serve(self, pipe: Pipe, who: Requester) -> Outcome:
         """Proxy one guest connection and record it."""
@@ -294,6 +314,7 @@ class EgressService:
             detail["credential"] = out.credential  # the secret's name: its header was added
         if run is not None:
             detail["task_id"], detail["run_id"] = run
+            self._count_for_run(run[1], out.bytes_up, out.bytes_down)
         if out.detail:
             detail["detail"] = out.detail[:500]
         target = f"{out.host[:200]}:{out.port}" if out.host else who.instance_id

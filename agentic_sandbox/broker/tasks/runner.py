@@ -74,6 +74,8 @@ class TaskRunner:
     ) -> None:
         self.settings = settings or Settings()
         self.files: TaskFiles | None = None  # A2A file parts (files.py), when wired
+        # (up, down) egress bytes of a run's connections (the egress proxy's count), when wired
+        self.egress_bytes: Callable[[str], tuple[int, int]] | None = None
         self.machine = machine
         self.live = live
         self._sessions = sessions
@@ -363,6 +365,14 @@ class TaskRunner:
                 "enforcement": u.enforcement,
             }
             extra["usage"] = u.view()
+        if self.egress_bytes is not None:
+            up, down = self.egress_bytes(run.id)
+            usage = meta.setdefault("usage", {})
+            assert isinstance(usage, dict)
+            usage["networkEgressBytes"], usage["networkIngressBytes"] = up, down
+            view = extra.setdefault("usage", {})
+            assert isinstance(view, dict)
+            view["network_egress_bytes"], view["network_ingress_bytes"] = up, down
         if run.budget is not None:
             meta["budget"] = run.budget
         if status.exceeded and not run.cancel_requested:

@@ -240,6 +240,11 @@ class TaskService:
         self.files = files
         self.runner.files = files
 
+    def use_egress_bytes(self, count: Callable[[str], tuple[int, int]]) -> None:
+        """The egress proxy's byte count per run (wired in `broker/components.py`): each run's
+        usage reports what its connections sent and received."""
+        self.runner.egress_bytes = count
+
     # ---- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         await self.push.start()

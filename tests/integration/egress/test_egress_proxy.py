@@ -259,3 +259,38 @@ def test_the_agents_commands_get_the_proxy_settings(stack: Stack) -> None:
     )
     assert out["exit_code"] == 0, out
     assert out["stdout"]["data"] == f"{stack.proxy} {stack.proxy}\nhello from the allowed host\n"
+
+
+def test_a_task_run_reports_its_egress_bytes(stack: Stack) -> None:
+    """A task whose command fetches through the proxy: its connection is attributed to the
+    run (audit row and event name the task), and the run's usage reports the bytes."""
+    stack.put(stack.base_rules())
+    after = stack.last_seq()
+    # the run sleeps first: connections are attributed to the run the server sees running
+    script = "sleep 1.5; curl -sS http://" + ALLOWED + ":8080/"
+    task = stack.server.ok(
+        "POST", "/api/v1/tasks", {"instance_id": stack.instance, "command": script}
+    )
+    deadline = time.monotonic() + 60
+    while task["state"] not in ("completed", "failed", "rejected", "canceled"):
+        assert time.monotonic() < deadline, task
+        time.sleep(0.1)
+        task = stack.server.ok("GET", f"/api/v1/tasks/{task['id']}")
+    assert task["state"] == "completed", task
+    (event,) = stack.wait_events(1, after)
+    assert event["type"] == "egress.allowed" and event["task_id"] == task["id"], event
+    data = event["data"]
+    deadline = time.monotonic() + 15
+    while not (
+        done := stack.server.ok("GET", f"/api/v1/events?type=task.completed&task_id={task['id']}")[
+            "items"
+        ]
+    ):
+        assert time.monotonic() < deadline, "no task.completed event"
+        time.sleep(0.1)
+    usage = done[-1]["data"]["usage"]
+    assert (usage["network_egress_bytes"], usage["network_ingress_bytes"]) == (
+        data["bytes_up"],
+        data["bytes_down"],
+    ), (usage, data)
+    assert usage["network_egress_bytes"] > 0 and usage["network_ingress_bytes"] > 0
