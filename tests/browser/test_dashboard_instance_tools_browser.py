@@ -69,6 +69,21 @@ class Hello(http.server.BaseHTTPRequestHandler):
         return
 
 
+class DevServer(http.server.BaseHTTPRequestHandler):
+    """What an agent's dev server answers: an HTML page."""
+
+    def do_GET(self) -> None:
+        body = b"<!doctype html><title>dev</title><h1>hello from the dev server</h1>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     require_browser()
@@ -334,6 +349,54 @@ def test_egress_rules_from_the_page_apply_and_events_show_verdicts(world: World)
         target.server_close()
 
 
+def test_a_port_preview_link_opens_the_instances_page_through_the_proxy(world: World) -> None:
+    """A web server beside the host agent (the instance's 127.0.0.1:PORT) opens in a new tab
+    from the instance view's link, with the dashboard's cookie, through the reverse proxy."""
+    from playwright.sync_api import expect, sync_playwright
+
+    target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DevServer)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    port = target.server_address[1]
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            try:
+                context = browser.new_context(viewport={"width": 1500, "height": 1600})
+                page = context.new_page()
+                errors = PageErrors(page)
+                login(page, world.server.url, world.server.admin_token)
+                open_instance(page)
+                expect(page.locator("#pt-cli")).to_have_text(
+                    f"sandboxctl instance port-forward {INSTANCE} PORT"
+                )
+                page.fill("#pt-port", "70000")
+                page.click("#pt-form button[type=submit]")
+                expect(page.locator("#pt-port-error")).to_contain_text("1 to 65535")
+                expect(page.locator("#pt-link")).to_be_hidden()
+                page.fill("#pt-port", str(port))
+                page.click("#pt-form button[type=submit]")
+                link = page.locator("#pt-link")
+                expect(link).to_have_attribute(
+                    "href", f"/api/v2/admin/instances/{INSTANCE}/ports/{port}/"
+                )
+                with context.expect_page() as opened:
+                    link.click()
+                tab = opened.value
+                tab.wait_for_load_state()
+                expect(tab.locator("h1")).to_have_text("hello from the dev server")
+                assert (
+                    tab.url
+                    == world.server.url + f"/api/v2/admin/instances/{INSTANCE}/ports/{port}/"
+                )
+                screenshot(page, "dashboard-ports.png")
+                errors.check()
+            finally:
+                browser.close()
+    finally:
+        target.shutdown()
+        target.server_close()
+
+
 def test_a_viewer_lists_and_downloads_but_has_no_changing_controls(world: World) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -360,6 +423,8 @@ def test_a_viewer_lists_and_downloads_but_has_no_changing_controls(world: World)
             expect(page.locator("#ex-form")).to_be_hidden()
             expect(page.locator("#ex-argv")).to_be_disabled()
             expect(page.locator("#ex-readonly")).to_be_visible()
+            expect(page.locator("#pt-form")).to_be_hidden()
+            expect(page.locator("#pt-readonly")).to_be_visible()
             expect(page.locator("#eg-save")).to_be_hidden()
             expect(page.locator("#eg-add")).to_be_hidden()
             expect(page.locator("#eg-network")).to_be_disabled()

@@ -181,9 +181,15 @@ def guest(env: Env) -> str:
 
 
 def ex(
-    server: ServerProcess, argv: list[str], stdin: str | None = None, timeout: int = 120
+    server: ServerProcess,
+    argv: list[str],
+    stdin: str | None = None,
+    timeout: int = 120,
+    user: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"argv": argv, "budget": {"timeout_seconds": timeout}}
+    if user is not None:
+        body["user"] = user
     if stdin is not None:
         body["stdin"] = stdin
     status, out = server.api(
@@ -334,6 +340,7 @@ def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
             "-lc",
             "env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null; true",
         ],
+        user="root",  # every process's environment, not only the agent user's
     )["stdout"]["data"]
     assert "http_proxy=" in environ and VALUE not in environ
     roots = "/etc /home /root /tmp /var /opt /usr/local /run /srv /boot"
@@ -341,12 +348,16 @@ def test_a_brokered_request_carries_a_credential_the_guest_never_holds(
         env.server,
         ["nice", "-n", "19", "sh", "-c", f"grep -rlaE -D skip '{PATTERN}' {roots}; echo status=$?"],
         timeout=900,
+        user="root",  # every file, /root and /etc included
     )
     # no file matched (grep says 1; 2 only for unreadable places, named on stderr)
     assert out["stdout"]["data"].strip() in ("status=1", "status=2"), out
     mem = json.loads(
-        ex(env.server, ["nice", "-n", "19", "python3", "-c", MEMSCAN, PATTERN], timeout=900)[
-            "stdout"
-        ]["data"]
+        ex(
+            env.server,
+            ["nice", "-n", "19", "python3", "-c", MEMSCAN, PATTERN],
+            timeout=900,
+            user="root",  # reading another process's memory needs root (ptrace access)
+        )["stdout"]["data"]
     )
     assert mem["hits"] == [] and mem["scanned"] > 10_000_000, mem

@@ -1,5 +1,5 @@
 // Instances: the list (state, agent state, host), the instance view (facts, lifecycle actions,
-// its sessions, its snapshots, its files, a run-command box, its egress) and the snapshot dialog.
+// its sessions, its snapshots, its files, a run-command box, a port preview link, its egress) and the snapshot dialog.
 
 import { clearError, load, showError } from "/static/alerts.js";
 import { api, enc } from "/static/api.js";
@@ -7,6 +7,7 @@ import { $, badge, confirmAction, el, fillBody, fmtDateTime, fmtMiB, openDialog,
 import { EgressPanel } from "/static/egress.js";
 import { RunBox } from "/static/exec.js";
 import { FileBrowser } from "/static/files.js";
+import { PortPreview } from "/static/ports.js";
 import { createSession, sessionRow } from "/static/sessions.js";
 
 // Which lifecycle actions make sense in which state (the server has the final word).
@@ -39,6 +40,7 @@ export class InstancesView {
     this.files = new FileBrowser(app, $("#iv-files"));
     this.runBox = new RunBox(app, $("#iv-exec"));
     this.egress = new EgressPanel(app, $("#iv-egress"));
+    this.ports = new PortPreview(app, $("#iv-ports"));
     $("#instances-refresh").addEventListener("click", () => this.load());
     $("#iv-close").addEventListener("click", () => this.select(null));
     for (const btn of document.querySelectorAll("#iv-actions [data-action]")) {
@@ -114,6 +116,7 @@ export class InstancesView {
     view.scrollIntoView({ block: "nearest" });
     $("#iv-title").focus({ preventScroll: true });
     this.runBox.open(id);
+    this.ports.open(id);
     await Promise.all([this.loadSessions(), this.loadSnapshots(), this.files.open(id), this.egress.open(id)]);
   }
 
