@@ -130,9 +130,13 @@ async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
         spec["ssh_keys"] = [Path(p).expanduser().read_text().strip() for p in a.ssh_key]
     try:
         op = await c.instances.create(a.id, **spec)
-    except ValidationFailed as exc:
-        raise _bad_rules(exc, a.allow or [], "body.egress.allow") from None
     except ApiError as exc:
+        if (
+            a.allow
+            and isinstance(exc, ValidationFailed)
+            and any(f.startswith("body.egress.allow.") for f in exc.fields)
+        ):
+            raise _bad_rules(exc, a.allow, "body.egress.allow") from None
         recipe = exc.problem.get("recipe") if exc.code == "image-not-built" else None
         if recipe is None or a.no_build:
             raise

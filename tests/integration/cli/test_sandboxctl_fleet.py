@@ -223,6 +223,8 @@ FLEET_VERBS = {
     "image list",
     "host add",
     "host list",
+    "host drain",
+    "host undrain",
     "loadout list",
     "loadout show",
     "loadout apply",
@@ -254,6 +256,9 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
 
         web_file = tmp_path / "pos-web.yaml"
         web_file.write_text("name: pos-web\nextends: minimal\ndescription: positions\n")
+
+        drained = "pos-drained"  # a host of its own: draining "local" would stop the creates
+        await c.hosts.add(drained, node_uri(tmp_path, drained))
 
         async def fresh_pool() -> list[str]:
             op = await c.operations.wait(await c.pools.create(size=1, network="nat"))
@@ -288,6 +293,8 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             Case("image list", lambda: []),
             Case("host add", lambda: [f"h{next(names)}", node_uri(tmp_path, f"h{next(names)}")]),
             Case("host list", lambda: []),
+            Case("host drain", lambda: [drained]),  # (again: still draining, the same answer)
+            Case("host undrain", lambda: [drained]),
             Case("loadout list", lambda: []),
             Case("loadout show", lambda: ["minimal"]),
             Case("loadout apply", lambda: [str(web_file)]),

@@ -256,6 +256,8 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
             lambda out: out == "exec-ok\n",
             process=True,
         ),
+        # (port 1: nothing listens there, so the verb says so at once and ends)
+        Case("instance port-forward", lambda: [iid, "1"], False, lambda out: out == "", code=1),
         Case("instance push", lambda: [iid, str(pushed), str(tmp_path / f"pushed-{next(names)}")]),
         Case("instance pull", lambda: [iid, str(pushed), str(tmp_path / f"pulled-{next(names)}")]),
         Case("instance ls", lambda: [iid, str(tmp_path)]),
@@ -298,6 +300,7 @@ NON_FLEET_VERBS = {
     "instance get",
     "instance egress",
     "instance exec",
+    "instance port-forward",
     "instance push",
     "instance pull",
     "instance ls",
