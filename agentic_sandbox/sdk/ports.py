@@ -32,6 +32,7 @@ from agentic_sandbox.sdk.transport import Transport
 SUBPROTOCOL = "sandbox.tcp.v1"
 EOF_TEXT = "eof"
 READ = 64 * 1024
+CLOSE_WAIT = 3.0  # seconds a closing tunnel or listener is waited for
 log = logging.getLogger(__name__)
 
 
@@ -112,7 +113,10 @@ class Tunnel:
         await self._ws.send_str(EOF_TEXT)
 
     async def close(self) -> None:
-        await self._ws.close()
+        """Close the tunnel; a server that does not answer the close handshake within
+        `CLOSE_WAIT` seconds is not waited for (the connection is dropped)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ws.close(), CLOSE_WAIT)
 
     @property
     def closed(self) -> bool:
@@ -173,17 +177,18 @@ class PortForward:
         await self._server.serve_forever()
 
     async def close(self) -> None:
-        """Stop listening and end every tunnel."""
+        """Stop listening and end every tunnel, all at once (never one close handshake after
+        another), within `CLOSE_WAIT` seconds."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), CLOSE_WAIT)
 
     async def __aenter__(self) -> PortForward:
         return self

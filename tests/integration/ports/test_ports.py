@@ -331,3 +331,49 @@ async def test_a_keystroke_echo_arrives_while_a_port_stream_floods_the_link(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     assert 8 * MiB < got["bytes"] < total
+
+
+def test_sandboxctl_port_forward_stops_at_ctrl_c_with_tunnels_open(
+    sandbox_server: ServerProcess, agent: AgentProcess, upstream: Upstream, tmp_path: Path
+) -> None:
+    """Ctrl-C ends `port-forward` even while its tunnels are open and idle (a browser keeps
+    connections alive): they are closed together, not each waiting out a close handshake."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    env.update(
+        SANDBOX_URL=sandbox_server.url,
+        SANDBOX_TOKEN=sandbox_server.admin_token,
+        XDG_CONFIG_HOME=str(tmp_path),
+    )
+    argv = [sys.executable, "-m", "agentic_sandbox.sandboxctl.main", "instance", "port-forward"]
+    proc = subprocess.Popen(
+        [*argv, agent.instance_id, f"0:{upstream.port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    held: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        m = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> ", line)
+        assert m, line
+        opened = len(events(sandbox_server, "instance.port.opened"))
+        for _ in range(4):  # idle connections: each holds a tunnel open
+            held.append(socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=30))
+        wait_until(
+            lambda: len(events(sandbox_server, "instance.port.opened")) >= opened + 4,
+            "the four tunnels open",
+            timeout=60,
+        )
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)  # (a guard against a hang, not a speed limit: it exits at once)
+        assert b"port-forward stopped" in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        for s in held:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
