@@ -167,6 +167,13 @@ async def test_port_forward_through_the_sdk(
             assert resp.read() == b"hello from /hello"
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as at a terminal. A test run started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then installs no handler, so
+    the SIGINT these tests send would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sandboxctl_port_forward(
     sandbox_server: ServerProcess, agent: AgentProcess, upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -183,6 +190,7 @@ def test_sandboxctl_port_forward(
         stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
+        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
@@ -353,6 +361,7 @@ def test_sandboxctl_port_forward_stops_at_ctrl_c_with_tunnels_open(
         stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
+        preexec_fn=_default_sigint,
     )
     held: list[socket.socket] = []
     try:
