@@ -172,7 +172,20 @@ class Settings(BaseSettings):
         default=None, description="extra loadout YAML files (default <data_dir>/loadouts)"
     )
     default_recipe: str = Field(default="debian-12-agent", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    provision_ready_timeout_seconds: float = Field(default=240.0, ge=5, le=3600)
+    provision_ready_timeout_seconds: float = Field(
+        default=240.0,
+        ge=5,
+        le=3600,
+        description="how long a provision waits for the agent to enroll; a guest whose console "
+        "still advances then may take up to provision_ready_limit_seconds",
+    )
+    provision_ready_limit_seconds: float = Field(
+        default=900.0,
+        ge=5,
+        le=7200,
+        description="the longest a slowly booting guest (console still advancing) may take to "
+        "enroll when the request names no ready_timeout_seconds",
+    )
     max_instances_per_owner: int = Field(default=50, ge=1, le=100_000)
     max_concurrent_provisions: int = Field(default=4, ge=1, le=256)
     kvm_probe: bool = Field(default=True, description="probe KVM at start (else assume TCG)")

@@ -186,6 +186,10 @@ class ProvisionRequest:
     host: str | None = None
     host_labels: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 240.0
+    # While the guest's console still advances, `enrolling` may wait past `ready_timeout`, up to
+    # this many seconds in all (a TCG boot on a loaded host is slow, not stuck). None: the
+    # timeout is absolute (a caller who names a timeout gets exactly that).
+    ready_limit: float | None = None
     start: bool = True
     wait_ready: bool = True
 
@@ -218,6 +222,8 @@ class Provisioner:
         self.bundles = AgentBundle()
         self._bundle: bytes | None = None
         self.console_poll_seconds = 1.0  # how often `enrolling` reads the guest's console
+        # past `ready_timeout`, a console silent this long ends the wait (see `ready_limit`)
+        self.console_quiet_seconds = 60.0
 
     @property
     def seed_dir(self) -> Path:
@@ -446,36 +452,59 @@ class Provisioner:
     ) -> None:
         """Wait for the agent to enroll while reading the guest's serial console: an agent that
         dies at start (see `agent_console`) fails the provision at once with its last words,
-        instead of at the enrolment timeout."""
+        instead of at the enrolment timeout. A guest whose console still advances when
+        `ready_timeout` is up is booting slowly, not stuck: with a `ready_limit` the wait goes
+        on until the console has been quiet for `console_quiet_seconds` or the limit is up."""
         ready = asyncio.ensure_future(enroller.wait_ready(req.instance_id, req.incarnation))
         watch = AgentConsoleWatch()
+        loop = asyncio.get_running_loop()
+        started = last_output = loop.time()
+        limit = max(req.ready_limit or req.ready_timeout, req.ready_timeout)
         offset = 0
         try:
-            async with asyncio.timeout(req.ready_timeout):
-                while True:
-                    done, _ = await asyncio.wait({ready}, timeout=self.console_poll_seconds)
-                    if ready in done:
-                        ready.result()
-                        return
-                    await self._check_still_running(inst.instance_id)
-                    try:
-                        data = await self.fleet.read_serial_log(inst.instance_id, offset)
-                    except FleetError as exc:  # the console is a hint; keep waiting
-                        log.debug("reading %s's console: %s", inst.instance_id, exc)
-                        continue
-                    offset += len(data)
-                    crash = watch.feed(data)
-                    if crash is not None:
+            while True:
+                done, _ = await asyncio.wait({ready}, timeout=self.console_poll_seconds)
+                if ready in done:
+                    ready.result()
+                    return
+                now = loop.time()
+                if now - started >= req.ready_timeout:
+                    quiet = now - last_output
+                    if now - started >= limit or quiet >= self.console_quiet_seconds:
                         raise ProvisionError(
-                            "enrolling", crash.cause(), await self._console_tail(inst)
+                            "enrolling",
+                            self._not_enrolled_cause(req, now - started, quiet, limit),
+                            await self._why_not_enrolled(inst),
                         )
-        except TimeoutError:
-            why = await self._why_not_enrolled(inst)
-            raise ProvisionError(
-                "enrolling", f"the agent did not enroll within {req.ready_timeout:.0f}s", why
-            ) from None
+                await self._check_still_running(inst.instance_id)
+                try:
+                    data = await self.fleet.read_serial_log(inst.instance_id, offset)
+                except FleetError as exc:  # the console is a hint; keep waiting
+                    log.debug("reading %s's console: %s", inst.instance_id, exc)
+                    continue
+                if data:
+                    last_output = loop.time()
+                offset += len(data)
+                crash = watch.feed(data)
+                if crash is not None:
+                    raise ProvisionError("enrolling", crash.cause(), await self._console_tail(inst))
         finally:
             ready.cancel()
+
+    def _not_enrolled_cause(
+        self, req: ProvisionRequest, waited: float, quiet: float, limit: float
+    ) -> str:
+        if limit <= req.ready_timeout:
+            return f"the agent did not enroll within {req.ready_timeout:.0f}s"
+        if waited >= limit:
+            return (
+                f"the agent did not enroll within {limit:.0f}s (the guest's console was still "
+                f"advancing after {req.ready_timeout:.0f}s, so the wait went on to the limit)"
+            )
+        return (
+            f"the agent did not enroll within {waited:.0f}s: the guest's console has been quiet "
+            f"for {quiet:.0f}s"
+        )
 
     async def _check_still_running(self, instance_id: str) -> None:
         """The VM itself went away (powered off, undefined behind the fleet's back) while its

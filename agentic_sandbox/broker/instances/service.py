@@ -205,6 +205,9 @@ class InstanceService:
             host=new.host,
             host_labels=dict(new.host_labels),
             ready_timeout=new.ready_timeout_seconds or settings.provision_ready_timeout_seconds,
+            ready_limit=None
+            if new.ready_timeout_seconds
+            else settings.provision_ready_limit_seconds,
             wait_ready=new.wait_ready and new.start,
             start=new.start,
         )

@@ -65,7 +65,8 @@ class InstanceCreate(Input):
         default=None,
         ge=1,
         le=3600,
-        description="how long to wait for the agent (default: server's)",
+        description="how long to wait for the agent, exactly (default: the server's, "
+        "which waits on while the guest's console advances)",
     )
     loadout_spec: JsonObject | None = Field(
         default=None, description="an inline loadout (as its YAML would be) instead of `loadout`"
