@@ -3,7 +3,8 @@
 An operator names a host by a libvirt URI. Only libvirt's own remote protocol is accepted:
 ``qemu:///system`` (and ``test:///``) locally, ``qemu+unix:///system?socket=PATH`` for another
 local daemon, ``qemu+tcp://`` (a test network: the daemon's ``auth_tcp``, none or SASL, is its
-own business), ``qemu+tls://`` and ``qemu+ssh://`` (``qemu+libssh://`` is the same thing).
+own business), ``qemu+tls://`` and ``qemu+ssh://`` (``qemu+libssh2://`` and ``qemu+libssh://``
+mean the same here).
 
 Refused, because they would run a command or weaken a check: the ``ext`` transport and the
 ``command=``, ``netcat=``, ``proxy=`` parameters (programs run locally or on the host), ``socket=``
@@ -17,8 +18,9 @@ gives the credentials, not the parameters that point at them.
 
 - ``qemu+tls``: ``pkipath=<tls_pki_dir>``, a directory holding ``cacert.pem``,
   ``clientcert.pem`` and ``clientkey.pem`` (libvirt's names).
-- ``qemu+ssh``: opened with libvirt's in-process ``libssh`` transport (no local ``ssh`` binary,
-  no ``~/.ssh/config``), ``sshauth=privkey``, ``keyfile=<ssh_key_file>``,
+- ``qemu+ssh``: opened with libvirt's in-process ``libssh2`` transport (no local ``ssh`` binary,
+  no ``~/.ssh/config``; libvirt 9.0's ``libssh`` transport crashes the client in a storage
+  stream's finish, so it is not used), ``sshauth=privkey``, ``keyfile=<ssh_key_file>``,
   ``known_hosts=<ssh_known_hosts>`` and ``known_hosts_verify=normal`` when that file has an
   entry; an empty or missing file means trust on first use: ``known_hosts_verify=auto``
   records the key the host shows, and every later connection checks it (``normal``).
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 DRIVERS = ("qemu", "test")
-TRANSPORTS = ("", "unix", "tcp", "tls", "ssh", "libssh")
-SSH_TRANSPORTS = ("ssh", "libssh")
+TRANSPORTS = ("", "unix", "tcp", "tls", "ssh", "libssh", "libssh2")
+SSH_TRANSPORTS = ("ssh", "libssh", "libssh2")
 # what the operator may write, per transport; everything else is refused by name
 ALLOWED_PARAMS: dict[str, frozenset[str]] = {
     "": frozenset(),
@@ -41,6 +43,7 @@ ALLOWED_PARAMS: dict[str, frozenset[str]] = {
     "tls": frozenset(),
     "ssh": frozenset(),
     "libssh": frozenset(),
+    "libssh2": frozenset(),
 }
 SERVER_PARAMS = frozenset({"pkipath", "keyfile", "known_hosts", "known_hosts_verify", "sshauth"})
 COMMAND_PARAMS = frozenset({"command", "netcat", "proxy", "socket"})
@@ -89,7 +92,7 @@ def parse_host_uri(uri: str) -> HostUri:
     if parts.fragment:
         raise HostUriError("a fragment (#…) is not allowed")
     host = parts.hostname or ""
-    if transport in ("tcp", "tls", "ssh", "libssh") and not host:
+    if transport in ("tcp", "tls", *SSH_TRANSPORTS) and not host:
         raise HostUriError(f"qemu+{transport}:// needs a host name or address")
     if transport in ("", "unix") and host:
         raise HostUriError("a remote host needs a network transport: qemu+tls://, qemu+ssh://")
@@ -168,7 +171,7 @@ def connection_uri(
     if tls_pki_dir is not None:
         params.append(("pkipath", tls_pki_dir))
     if ssh_key_file is not None and ssh_known_hosts is not None:
-        scheme = f"{parsed.driver}+libssh"
+        scheme = f"{parsed.driver}+libssh2"
         verify = "normal" if _known_hosts_has_entry(ssh_known_hosts) else "auto"
         params += [
             ("sshauth", "privkey"),

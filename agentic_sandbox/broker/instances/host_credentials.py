@@ -12,7 +12,7 @@ the name of the vault secret holding its key).
 - ``qemu+tls`` with the operator's PKI: ``tls_pki_dir`` names a directory on this machine with
   the same three files; the server only checks that they are there.
 - ``qemu+ssh``: the private key is a vault secret of the operator who adds the host
-  (``ssh_key_secret``); it is written to ``ssh/id`` (0600) for libvirt's libssh transport, which
+  (``ssh_key_secret``); it is written to ``ssh/id`` (0600) for libvirt's libssh2 transport, which
   reads it on every (re)connect, and removed with the host. ``ssh/known_hosts`` holds the
   entries the operator gave; empty, the first connection records the key the host shows and
   later connections are checked against it (`fleet.host_uri`).

@@ -186,7 +186,7 @@ async def test_an_ssh_host_uses_the_callers_vault_key_and_its_known_hosts(tmp_pa
         assert _mode(d / "id") == 0o600 and _mode(d) == 0o700
         assert (d / "known_hosts").read_text() == known
         uri = _fleet(r).hosts["ssh1"].spec.connection_uri
-        assert uri.startswith(f"qemu+libssh://ops@{CLOSED}/system?sshauth=privkey&keyfile=")
+        assert uri.startswith(f"qemu+libssh2://ops@{CLOSED}/system?sshauth=privkey&keyfile=")
         assert "known_hosts_verify=normal" in uri and "no_verify" not in uri
         secret_line = key_text.splitlines()[1]
         _, listing, _ = await r.call("GET", "/api/v2/admin/hosts")

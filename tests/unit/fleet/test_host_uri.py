@@ -27,6 +27,7 @@ from agentic_sandbox.fleet.host_uri import HostUriError, connection_uri, parse_h
         "qemu+ssh://root@198.18.0.6/system",
         "qemu+ssh://ops@h2.example:2222/system",
         "qemu+libssh://ops@h2.example/system",
+        "qemu+libssh2://ops@h2.example/system",
     ],
 )
 def test_libvirt_remote_protocol_uris_are_accepted(uri: str) -> None:
@@ -38,7 +39,6 @@ def test_libvirt_remote_protocol_uris_are_accepted(uri: str) -> None:
     ("uri", "why"),
     [
         ("qemu+ext:///system?command=/bin/sh", "transport 'ext'"),
-        ("qemu+libssh2://root@h/system", "transport 'libssh2'"),
         ("xen+ssh://root@h/system", "unknown driver 'xen'"),
         ("http://h/system", "unknown driver 'http'"),
         ("qemu+tls://h/system?no_verify=1", "no_verify"),
@@ -77,7 +77,7 @@ def test_a_tls_host_opens_with_its_pki_directory() -> None:
     assert HostSpec(name="h", uri="qemu+tls://h/system").connection_uri == "qemu+tls://h/system"
 
 
-def test_an_ssh_host_opens_over_libssh_with_its_key_and_a_pinned_host_key(tmp_path: Path) -> None:
+def test_an_ssh_host_opens_over_libssh2_with_its_key_and_a_pinned_host_key(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     spec = HostSpec(
         name="h",
@@ -87,7 +87,7 @@ def test_an_ssh_host_opens_over_libssh_with_its_key_and_a_pinned_host_key(tmp_pa
     )
     first = urlsplit(spec.connection_uri)
     assert (first.scheme, first.netloc, first.path) == (
-        "qemu+libssh",
+        "qemu+libssh2",
         "ops@198.18.0.6:2222",
         "/system",
     )
