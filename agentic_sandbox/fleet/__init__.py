@@ -15,6 +15,7 @@ from .errors import (
     NoCapacity,
     NotFound,
 )
+from .host_uri import HostUri, HostUriError, missing_tls_files, parse_host_uri
 from .kvm_probe import AccelReport, probe_kvm
 from .libvirt import METADATA_NS, LibvirtHost, preview_domain_xml
 from .models import (
@@ -69,6 +70,8 @@ __all__ = [
     "HostInfo",
     "HostSpec",
     "HostUnavailable",
+    "HostUri",
+    "HostUriError",
     "Instance",
     "InstanceRecord",
     "InstanceSpec",
@@ -87,7 +90,9 @@ __all__ = [
     "SnapshotInfo",
     "Volumes",
     "guard_dir",
+    "missing_tls_files",
     "observe_stages",
+    "parse_host_uri",
     "preview_domain_xml",
     "probe_kvm",
     "qemu_gid",

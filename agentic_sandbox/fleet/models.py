@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
-from urllib.parse import urlparse
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .host_uri import HostUriError, check_credentials, connection_uri, parse_host_uri
 
 INSTANCE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _INSTANCE_ID_RE = re.compile(INSTANCE_ID_PATTERN)
@@ -227,29 +228,54 @@ class HostSpec(_Input):
         "gateway: agent link and enrollment); None: the fleet's `control_address`",
     )
 
+    tls_pki_dir: AbsPath | None = Field(
+        default=None,
+        description="qemu+tls: the directory with cacert.pem, clientcert.pem and clientkey.pem "
+        "(the URI's pkipath); None: libvirt's default",
+    )
+    ssh_key_file: AbsPath | None = Field(
+        default=None, description="qemu+ssh: the private key file (0600) the connection uses"
+    )
+    ssh_known_hosts: AbsPath | None = Field(
+        default=None,
+        description="qemu+ssh: the host's known_hosts file; empty: trust on first use, "
+        "recorded there and checked from then on",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> HostSpec:
         lo, hi = self.ssh_port_range
         if lo > hi:
             raise ValueError("ssh_port_range: low > high")
-        if any(c in self.uri for c in "\0\n\r "):
-            raise ValueError("uri: whitespace/control characters are not allowed")
+        try:
+            check_credentials(
+                parse_host_uri(self.uri),
+                tls_pki_dir=self.tls_pki_dir,
+                ssh_key_file=self.ssh_key_file,
+                ssh_known_hosts=self.ssh_known_hosts,
+            )
+        except HostUriError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def connection_uri(self) -> str:
+        """The URI the fleet opens: `uri` with the credential parameters added."""
+        return connection_uri(
+            self.uri,
+            tls_pki_dir=self.tls_pki_dir,
+            ssh_key_file=self.ssh_key_file,
+            ssh_known_hosts=self.ssh_known_hosts,
+        )
 
     @field_validator("uri")
     @classmethod
     def _uri(cls, value: str) -> str:
-        """A libvirt URI: driver[+transport]://…, printable ASCII, that urlparse accepts."""
-        if not re.fullmatch(
-            r"(qemu|test)(\+(ssh|libssh|libssh2|tls|tcp|unix|ext))?://[!-~]*", value
-        ):
-            raise ValueError(
-                "must be a libvirt URI such as qemu:///system or qemu+ssh://user@host/system"
-            )
+        """A libvirt URI of libvirt's remote protocol only (`host_uri.parse_host_uri`)."""
         try:
-            urlparse(value)
-        except ValueError as exc:
-            raise ValueError(f"not a valid URI: {exc}") from None
+            parse_host_uri(value)
+        except HostUriError as exc:
+            raise ValueError(str(exc)) from None
         return value
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agentic_sandbox.sandboxctl.exec import add_arguments as exec_arguments
 from agentic_sandbox.sandboxctl.exec import instance_exec
@@ -325,8 +328,58 @@ async def host_add(c: AsyncClient, a: argparse.Namespace) -> None:
         accel=a.accel,
         data_dir=a.data_dir,
         files=a.files,
+        tls_pki_dir=a.tls_pki_dir,
+        ssh_key_secret=a.ssh_key_secret,
+        ssh_known_hosts=_read_text(a.ssh_known_hosts) if a.ssh_known_hosts else None,
     )
     emit(doc(host), a.output)
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {path}: {exc}", EXIT_INVALID) from None
+
+
+async def host_libvirtd_cert(c: AsyncClient, a: argparse.Namespace) -> None:
+    """On the libvirtd host: a key made here (serverkey.pem, 0600, never sent), the server's
+    CA signs its CSR (servercert.pem), and the CA (cacert.pem) — libvirtd's TLS files."""
+    out = Path(a.out)
+    key_path = out / "serverkey.pem"
+    if key_path.exists() and not a.force:
+        raise CliError(f"{key_path} exists (--force to make a new key)", EXIT_INVALID)
+    key_pem, csr_pem = libvirtd_key_and_csr()
+    got = await c.hosts.libvirtd_certificate(csr_pem, a.names)
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_pem)
+    os.chmod(key_path, 0o600)
+    (out / "servercert.pem").write_text(got.servercert_pem)
+    (out / "cacert.pem").write_text(got.cacert_pem)
+    err(
+        f"wrote {key_path} (0600), {out / 'servercert.pem'} and {out / 'cacert.pem'}: point "
+        "libvirtd.conf's key_file, cert_file and ca_file at them and set listen_tls = 1"
+    )
+
+
+def libvirtd_key_and_csr() -> tuple[bytes, str]:
+    """A fresh EC P-256 key (PEM) and its certificate request (the CA sets the names)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+        .decode()
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, csr
 
 
 async def host_drain(c: AsyncClient, a: argparse.Namespace) -> None:
@@ -553,6 +606,28 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--accel", choices=["auto", "kvm", "tcg"])
     v.add_argument("--data-dir", help="the host's directory for bases, instances, states")
     v.add_argument("--files", choices=["auto", "local", "remote"])
+    v.add_argument(
+        "--tls-pki-dir",
+        help="qemu+tls: the operator's cacert.pem/clientcert.pem/clientkey.pem directory on the "
+        "server (default: a client certificate from the server's CA)",
+    )
+    v.add_argument(
+        "--ssh-key-secret", help="qemu+ssh: the name of your vault secret with the private key"
+    )
+    v.add_argument(
+        "--ssh-known-hosts",
+        metavar="FILE",
+        help="qemu+ssh: the host's known_hosts entries (default: recorded on first connection)",
+    )
+    v = verb(
+        g,
+        "libvirtd-cert",
+        host_libvirtd_cert,
+        "on a libvirtd host: make its TLS key here and get its certificate from the server's CA",
+    )
+    v.add_argument("names", nargs="+", help="the addresses/DNS names qemu+tls:// URIs use")
+    v.add_argument("--out", default="/etc/pki/libvirt-sandbox", help="where to write the files")
+    v.add_argument("--force", action="store_true", help="replace an existing serverkey.pem")
     verb(g, "list", host_list, "list hosts")
     verb(g, "drain", host_drain, "no new placements on a host").add_argument("name")
     verb(g, "undrain", host_undrain, "a drained host takes placements again").add_argument("name")

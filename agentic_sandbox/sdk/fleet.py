@@ -24,6 +24,7 @@ from agentic_sandbox.sdk.models import (
     HostInstance,
     Image,
     Instance,
+    LibvirtdCertificate,
     Loadout,
     LoadoutActivated,
     LoadoutSaved,
@@ -486,9 +487,16 @@ class AsyncHosts(Resource):
         accel: str | None = None,
         data_dir: str | None = None,
         files: str | None = None,
+        tls_pki_dir: str | None = None,
+        ssh_key_secret: str | None = None,
+        ssh_known_hosts: str | None = None,
     ) -> Host:
         """`control_address`: where this host's guests reach the server (an address its
-        guest link gateway listens on); `accel` auto|kvm|tcg; `files` auto|local|remote."""
+        guest link gateway listens on); `accel` auto|kvm|tcg; `files` auto|local|remote.
+        ``qemu+tls``: the server's CA gives the client certificate unless `tls_pki_dir` names
+        the operator's (a directory on the server). ``qemu+ssh``: `ssh_key_secret` names your
+        vault secret with the private key; `ssh_known_hosts` the host's entries (none: the
+        first connection's key is recorded and checked from then on)."""
         body = _drop_none(
             {
                 "name": name,
@@ -501,9 +509,20 @@ class AsyncHosts(Resource):
                 "accel": accel,
                 "data_dir": data_dir,
                 "files": files,
+                "tls_pki_dir": tls_pki_dir,
+                "ssh_key_secret": ssh_key_secret,
+                "ssh_known_hosts": ssh_known_hosts,
             }
         )
         return await self._t.model(Host, "POST", f"{ADMIN}/hosts", json_body=body)
+
+    async def libvirtd_certificate(self, csr_pem: str, names: Sequence[str]) -> LibvirtdCertificate:
+        """A libvirtd's server certificate (and the CA) for a CSR made on its host, naming
+        the addresses or DNS names the ``qemu+tls://`` URIs use."""
+        body = {"csr_pem": csr_pem, "names": list(names)}
+        return await self._t.model(
+            LibvirtdCertificate, "POST", f"{ADMIN}/hosts/libvirtd-certificate", json_body=body
+        )
 
     async def list(self) -> list[Host]:
         return await self._t.items(Host, f"{ADMIN}/hosts")

@@ -378,6 +378,14 @@ class Host(ApiModel):
     draining: bool = False
 
 
+class LibvirtdCertificate(ApiModel):
+    """A libvirtd's TLS files from the server's CA (its key stays where it was made)."""
+
+    __schema__ = "LibvirtdCertificate"
+    cacert_pem: str
+    servercert_pem: str
+
+
 class Image(ApiModel):
     __schema__ = "ImageOut"
     name: str

@@ -349,6 +349,7 @@ class Hosts(_Facade[AsyncHosts]):
     drain = synced(AsyncHosts.drain)
     undrain = synced(AsyncHosts.undrain)
     remove = synced(AsyncHosts.remove)
+    libvirtd_certificate = synced(AsyncHosts.libvirtd_certificate)
 
 
 class Loadouts(_Facade[AsyncLoadouts]):

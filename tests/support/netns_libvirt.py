@@ -8,6 +8,10 @@ inside each, reached over the network as ``qemu+tcp://ADDR/system``.
         h.data_dir               # this host's own HostSpec.data_dir
         h.link(up=False)         # cut the link (host side), h.link(up=True) to restore it
 
+    with NamespaceHypervisor("t", tls_dir=DIR) as h:   # also listen_tls (port 16514), with
+        h.tls_uri                # DIR's cacert.pem, servercert.pem, serverkey.pem (the test's
+                                 # CA); qemu+tls://198.18.N.2/system — tcp stays for clean-up
+
 Addresses come from 198.18.0.0/15 (the benchmark range), a /30 per host chosen from the test
 process's id; the namespace has no default route, no forwarding and no NAT, so nothing leaves
 the veth pair. The daemon listens with ``listen_tcp`` and ``auth_tcp = "none"`` on the
@@ -42,6 +46,7 @@ from tests.support.netns import NamespaceHost
 
 NETWORK = "198.18"  # a /30 per host out of 198.18.0.0/16, inside its own namespace only
 TCP_PORT = 16509
+TLS_PORT = 16514
 
 
 def _alive(pid: int) -> bool:
@@ -73,7 +78,9 @@ def _pid(path: Path) -> int | None:
 
 
 class NamespaceHypervisor:
-    def __init__(self, label: str, *, keepalive_interval: int = 2) -> None:
+    def __init__(
+        self, label: str, *, keepalive_interval: int = 2, tls_dir: Path | None = None
+    ) -> None:
         self.label = label
         self.ns = NamespaceHost(label, network=NETWORK, tag="h")
         self.root = Path(tempfile.mkdtemp(prefix=f"sbx-nsh-{label}-", dir="/var/tmp"))
@@ -81,6 +88,7 @@ class NamespaceHypervisor:
         self.run_dir = self.root / "run"
         self.data_dir = str(self.root / "data")
         self.keepalive_interval = keepalive_interval
+        self.tls_dir = tls_dir
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ---- addresses --------------------------------------------------------------------------
@@ -97,6 +105,11 @@ class NamespaceHypervisor:
     @property
     def uri(self) -> str:
         return f"qemu+tcp://{self.address}/system"
+
+    @property
+    def tls_uri(self) -> str:
+        """The TLS listener's URI (only with ``tls_dir``); the client names its pkipath."""
+        return f"qemu+tls://{self.address}/system"
 
     # ---- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> NamespaceHypervisor:
@@ -116,12 +129,25 @@ class NamespaceHypervisor:
     ) -> None:
         self.close()
 
+    def _tls_lines(self) -> list[str]:
+        if self.tls_dir is None:
+            return ["listen_tls = 0"]
+        d = self.tls_dir
+        return [
+            "listen_tls = 1",
+            f'tls_port = "{TLS_PORT}"',
+            f'ca_file = "{d / "cacert.pem"}"',
+            f'cert_file = "{d / "servercert.pem"}"',
+            f'key_file = "{d / "serverkey.pem"}"',
+            "tls_no_verify_certificate = 0",  # a client must show a certificate from the CA
+        ]
+
     def _config(self) -> Path:
         conf = self.root / "libvirtd.conf"
         conf.write_text(
             "\n".join(
                 [
-                    "listen_tls = 0",
+                    *self._tls_lines(),
                     "listen_tcp = 1",
                     f'listen_addr = "{self.address}"',
                     f'tcp_port = "{TCP_PORT}"',

@@ -6,9 +6,11 @@ which the hub is handed); `LinkHandler` (what the session hub implements) and th
 values it receives and answers with (`messages.py`); the byte streams multiplexed on a link
 (`ServerStream` and its `Chunk`s and errors, `streams.py`) that exec, files and ports ride on,
 opened with the typed specs of `stream_kinds.py` and answering with its typed results.
-Protobuf stays in this package.
+The server's CA (`CertificateAuthority`) also issues the libvirt TLS identities of
+``qemu+tls`` hosts (`broker/instances/host_credentials.py`). Protobuf stays in this package.
 """
 
+from agentic_sandbox.broker.agentlink.ca import CertificateAuthority, CertificateError
 from agentic_sandbox.broker.agentlink.component import AgentLinkComponent
 from agentic_sandbox.broker.agentlink.link import AgentConnection, LinkClosed, LinkHandler
 from agentic_sandbox.broker.agentlink.messages import (
@@ -65,6 +67,8 @@ __all__ = [
     "AgentLinkComponent",
     "AgentRegistry",
     "BudgetSpec",
+    "CertificateAuthority",
+    "CertificateError",
     "Chunk",
     "EgressOpened",
     "EgressResult",

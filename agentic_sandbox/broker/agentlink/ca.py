@@ -32,6 +32,11 @@ INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 CA_LIFETIME = dt.timedelta(days=3650)
 SERVER_CERT_LIFETIME = dt.timedelta(days=365)
 CLOCK_SKEW = dt.timedelta(minutes=5)
+LIBVIRT_CLIENT_NAME = SERVER_NAME  # the CN a libvirtd's tls_allowed_dn_list can name
+LIBVIRT_CERT_LIFETIME = dt.timedelta(days=365)
+DNS_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 
 class CertificateError(Exception):
@@ -178,6 +183,8 @@ class CertificateAuthority:
         sans: list[x509.GeneralName],
         usage: x509.ObjectIdentifier,
         lifetime: dt.timedelta,
+        *,
+        key_encipherment: bool = False,
     ) -> x509.Certificate:
         now = dt.datetime.now(dt.UTC)
         return (
@@ -195,7 +202,7 @@ class CertificateAuthority:
                     key_cert_sign=False,
                     crl_sign=False,
                     content_commitment=False,
-                    key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
+                    key_encipherment=key_encipherment or isinstance(public_key, rsa.RSAPublicKey),
                     data_encipherment=False,
                     key_agreement=False,
                     encipher_only=False,
@@ -282,6 +289,69 @@ class CertificateAuthority:
             not_before=cert.not_valid_before_utc,
             not_after=cert.not_valid_after_utc,
         )
+
+    def libvirt_client_credentials(self) -> tuple[bytes, bytes]:
+        """A fresh (key PEM, certificate PEM) with which this server connects to ``qemu+tls``
+        hosts (CN ``agentic-sandbox-server``, clientAuth; libvirt wants key encipherment in
+        the critical key usage, so it is set)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = self._leaf(
+            key.public_key(),
+            LIBVIRT_CLIENT_NAME,
+            [x509.DNSName(SERVER_NAME)],
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            LIBVIRT_CERT_LIFETIME,
+            key_encipherment=True,
+        )
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue_libvirtd(self, csr_pem: bytes, names: list[str]) -> bytes:
+        """Sign a libvirtd's CSR as its TLS server certificate for `names` (addresses or DNS
+        names the fleet's URI uses; the CSR's subject is ignored). The key never leaves the
+        host that made it."""
+        if not names:
+            raise CertificateError("name at least one address or DNS name of the host")
+        try:
+            csr = x509.load_pem_x509_csr(csr_pem)
+        except ValueError as exc:
+            raise CertificateError(f"not a PEM certificate request: {exc}") from None
+        try:
+            valid = csr.is_signature_valid
+        except (InvalidSignature, ValueError):
+            valid = False
+        if not valid:
+            raise CertificateError("the request's signature does not verify")
+        public_key = csr.public_key()
+        if isinstance(public_key, ec.EllipticCurvePublicKey):
+            if public_key.curve.name not in ("secp256r1", "secp384r1"):
+                raise CertificateError("EC keys must be P-256 or P-384")
+        elif isinstance(public_key, rsa.RSAPublicKey):
+            if public_key.key_size < 2048:
+                raise CertificateError("RSA keys must have at least 2048 bits")
+        else:
+            raise CertificateError("unsupported key type (use EC P-256/P-384 or RSA)")
+        sans: list[x509.GeneralName] = []
+        for name in names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                if not DNS_RE.match(name):
+                    raise CertificateError(f"not an address or DNS name: {name!r}") from None
+                sans.append(x509.DNSName(name))
+        cert = self._leaf(
+            public_key,
+            names[0],
+            sans,
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            LIBVIRT_CERT_LIFETIME,
+            key_encipherment=True,
+        )
+        return cert.public_bytes(serialization.Encoding.PEM)
 
     def verify_issued(self, cert: x509.Certificate) -> None:
         """Raise CertificateError unless `cert` was signed by this CA (belt and braces: the TLS

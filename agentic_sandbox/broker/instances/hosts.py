@@ -3,24 +3,33 @@ ones added through the API across restarts."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from pydantic import ValidationError
 from sqlalchemy import select
 
+from agentic_sandbox.broker.agentlink import CertificateError
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.access import FleetGate
 from agentic_sandbox.broker.instances.errors import ConflictError, InvalidInput
+from agentic_sandbox.broker.instances.host_credentials import HostCredentials
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.fleet import Capacity, HostInfo, HostSpec
+from agentic_sandbox.fleet import Capacity, HostInfo, HostSpec, HostUriError, parse_host_uri
+
+log = logging.getLogger(__name__)
 
 LOCAL_HOST = "local"
 SPEC_LABEL = "_spec"  # the label under which a host row keeps the spec's other fields
 DRAINING_LABEL = "_draining"  # present (true) while the host takes no new placements
+CREDENTIALS_LABEL = "_credentials"  # {"tls": "server-ca"} or {"ssh_key_secret": NAME}
 
 
 def host_spec_from_row(row: m.Host) -> HostSpec:
     labels = dict(row.labels or {})
     labels.pop(DRAINING_LABEL, None)
+    labels.pop(CREDENTIALS_LABEL, None)
     stored = labels.pop(SPEC_LABEL) if isinstance(labels.get(SPEC_LABEL), dict) else {}
     capacity = Capacity(
         vcpus=row.capacity_vcpus or None, memory_mib=row.capacity_memory_mib or None
@@ -32,6 +41,7 @@ class HostService:
     def __init__(self, svc: Services, gate: FleetGate) -> None:
         self._svc = svc
         self._gate = gate
+        self.credentials = HostCredentials(svc.settings.data_dir, svc.vault)
 
     async def specs(self) -> list[HostSpec]:
         """The hosts the fleet opens with: the local one (`SANDBOX_LIBVIRT_URI`, given a row
@@ -46,10 +56,81 @@ class HostService:
         ]
         async with self._svc.db.session() as s:
             rows = (await s.scalars(select(m.Host))).all()
-            specs += [host_spec_from_row(row) for row in rows if row.name != LOCAL_HOST]
+            for row in rows:
+                if row.name != LOCAL_HOST:
+                    specs.append(await self._with_credentials(row, host_spec_from_row(row)))
             if not any(r.name == LOCAL_HOST for r in rows):
                 s.add(m.Host(name=LOCAL_HOST, uri=settings.libvirt_uri, labels={}, owner="admin"))
         return specs
+
+    async def _with_credentials(self, row: m.Host, spec: HostSpec) -> HostSpec:
+        """A stored host's spec with its credential files written again (a server-CA client
+        certificate renewed when due; an SSH key from the vault). A host whose credentials
+        cannot be made is still opened: it stays unreachable, with the reason logged."""
+        kind = (row.labels or {}).get(CREDENTIALS_LABEL)
+        if not isinstance(kind, dict):
+            return spec
+        update: dict[str, Any] = {}
+        try:
+            if kind.get("tls") == "server-ca":
+                update["tls_pki_dir"] = self.credentials.server_ca_pki(row.name)
+            secret = kind.get("ssh_key_secret")
+            if isinstance(secret, str):
+                key, known = await self.credentials.ssh_files(row.name, row.owner, secret, None)
+                update |= {"ssh_key_file": key, "ssh_known_hosts": known}
+        except (InvalidInput, OSError) as exc:
+            log.warning("host %s: its credentials cannot be written: %s", row.name, exc)
+            return spec
+        return spec.model_copy(update=update)
+
+    async def _credentials_for(
+        self,
+        who: Principal,
+        name: str,
+        uri: str,
+        *,
+        tls_pki_dir: str | None,
+        ssh_key_secret: str | None,
+        ssh_known_hosts: str | None,
+        write: bool,
+    ) -> tuple[dict[str, object], dict[str, object]]:
+        """(spec fields, what the row keeps) for a new host's credentials; only files of a host
+        the fleet does not have yet are written (`write`)."""
+        try:
+            parsed = parse_host_uri(uri)
+        except HostUriError as exc:
+            raise InvalidInput("uri", str(exc)) from None
+        fields: dict[str, object] = {}
+        kept: dict[str, object] = {}
+        if tls_pki_dir is not None and not parsed.is_tls:
+            raise InvalidInput("tls_pki_dir", "only for qemu+tls:// hosts")
+        if (ssh_key_secret is not None or ssh_known_hosts is not None) and not parsed.is_ssh:
+            raise InvalidInput("ssh_key_secret", "only for qemu+ssh:// hosts")
+        if parsed.is_tls:
+            if tls_pki_dir is not None:
+                fields["tls_pki_dir"] = self.credentials.check_operator_pki(tls_pki_dir)
+            else:
+                kept = {"tls": "server-ca"}
+                fields["tls_pki_dir"] = (
+                    self.credentials.server_ca_pki(name)
+                    if write
+                    else str(self.credentials.root / name / "tls")
+                )
+        if parsed.is_ssh:
+            if ssh_key_secret is None:
+                raise InvalidInput(
+                    "ssh_key_secret",
+                    "a qemu+ssh:// host needs the name of a vault secret holding its private key",
+                )
+            kept = {"ssh_key_secret": ssh_key_secret}
+            if write:
+                key, known = await self.credentials.ssh_files(
+                    name, who.subject, ssh_key_secret, ssh_known_hosts
+                )
+            else:
+                key, known = self.credentials.ssh_paths(name)
+            fields |= {"ssh_key_file": key, "ssh_known_hosts": known}
+        return fields, kept
 
     async def restore_draining(self) -> None:
         """After the fleet opened: hosts drained before a restart are still drained."""
@@ -79,6 +160,21 @@ class HostService:
             self._svc.audit.record(who.actor, action, "host", name)
         return await fleet.host_info(name)
 
+    def libvirtd_certificate(
+        self, who: Principal, csr_pem: str, names: list[str]
+    ) -> tuple[str, str]:
+        """(CA PEM, server certificate PEM) for a libvirtd that ``qemu+tls`` URIs reach at
+        `names`, signed from its CSR (its key never comes here)."""
+        ca = self.credentials.ca
+        try:
+            cert = ca.issue_libvirtd(csr_pem.encode(), names)
+        except CertificateError as exc:
+            raise InvalidInput("csr_pem", str(exc)) from None
+        self._svc.audit.record(
+            who.actor, "host.libvirtd_certificate", "host", names[0], detail={"names": names}
+        )
+        return ca.certificate_pem.decode(), cert.decode()
+
     async def list_hosts(self) -> list[HostInfo]:
         return await self._gate.require().list_hosts()
 
@@ -99,6 +195,9 @@ class HostService:
         accel: str = "auto",
         data_dir: str | None = None,
         files: str = "auto",
+        tls_pki_dir: str | None = None,
+        ssh_key_secret: str | None = None,
+        ssh_known_hosts: str | None = None,
     ) -> HostInfo:
         """Add a host (kept, and retried while unreachable) and remember it. Its guests reach
         this server at `control_address`, which the guest link gateway must listen on."""
@@ -125,16 +224,42 @@ class HostService:
             extra["data_dir"] = data_dir
         if files != "auto":
             extra["files"] = files
+        new = name not in fleet.hosts
         try:
-            spec = HostSpec(name=name, uri=uri, labels=labels, capacity=capacity, **extra)
+            creds, kept = await self._credentials_for(
+                who,
+                name,
+                uri,
+                tls_pki_dir=tls_pki_dir,
+                ssh_key_secret=ssh_key_secret,
+                ssh_known_hosts=ssh_known_hosts,
+                write=new,
+            )
+        except BaseException:
+            if new:
+                self.credentials.remove(name)
+            raise
+        if "tls_pki_dir" in creds and not kept:  # the operator's PKI: kept as given
+            extra["tls_pki_dir"] = creds["tls_pki_dir"]
+        try:
+            spec = HostSpec(name=name, uri=uri, labels=labels, capacity=capacity, **(extra | creds))
         except ValidationError as exc:
+            if new:
+                self.credentials.remove(name)
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "uri"
             raise InvalidInput(field, err["msg"]) from None
-        info = await fleet.add_host(spec)
+        try:
+            info = await fleet.add_host(spec)
+        except BaseException:
+            if new:
+                self.credentials.remove(name)
+            raise
         stored: dict[str, object] = dict(labels)
         if extra:
             stored[SPEC_LABEL] = extra
+        if kept:
+            stored[CREDENTIALS_LABEL] = kept
         async with self._svc.db.session() as s:
             row = await s.get(m.Host, name)
             if row is None:
@@ -158,6 +283,7 @@ class HostService:
                 "the local host cannot be removed (set SANDBOX_LIBVIRT_URI instead)"
             )
         await fleet.remove_host(name, force=force)
+        self.credentials.remove(name)
         async with self._svc.db.session() as s:
             row = await s.get(m.Host, name)
             if row is not None:

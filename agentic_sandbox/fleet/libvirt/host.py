@@ -254,7 +254,7 @@ class LibvirtHost:
         loop = self._loop
         await self._probe_network()
         try:
-            conn = await loop.run_in_executor(self.executor, libvirt.open, self.spec.uri)
+            conn = await loop.run_in_executor(self.executor, libvirt.open, self.spec.connection_uri)
         except libvirt.libvirtError as e:
             self.reason = str(e.get_error_message() or e)
             raise HostUnavailable(f"host {self.name}: cannot connect: {self.reason}") from e

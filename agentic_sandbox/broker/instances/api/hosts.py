@@ -51,6 +51,29 @@ class HostCreate(Input):
         description="remote: the host's files only through libvirt storage streams; auto: "
         "local when the URI names no remote host",
     )
+    tls_pki_dir: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^/",
+        description="qemu+tls: a directory on this server with the operator's cacert.pem, "
+        "clientcert.pem and clientkey.pem; default: a client certificate from this server's "
+        "CA (give the libvirtd its server certificate with POST "
+        "/api/v2/admin/hosts/libvirtd-certificate)",
+    )
+    ssh_key_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="qemu+ssh (required): the name of your vault secret holding the private "
+        "key (OpenSSH or PEM, unencrypted)",
+    )
+    ssh_known_hosts: str | None = Field(
+        default=None,
+        max_length=65536,
+        description="qemu+ssh: the host's known_hosts entries; none: the key the host shows on "
+        "the first connection is recorded and checked from then on",
+    )
 
     @field_validator("control_address")
     @classmethod
@@ -153,8 +176,50 @@ async def add_host(call: Call[HostCreate, NoQuery]) -> HostOut:
         accel=b.accel,
         data_dir=b.data_dir,
         files=b.files,
+        tls_pki_dir=b.tls_pki_dir,
+        ssh_key_secret=b.ssh_key_secret,
+        ssh_known_hosts=b.ssh_known_hosts,
     )
     return host_out(info)
+
+
+class LibvirtdCertificateRequest(Input):
+    csr_pem: str = Field(
+        min_length=64,
+        max_length=16384,
+        description="a PEM certificate request made on the libvirtd host (its key stays there)",
+    )
+    names: list[
+        Annotated[
+            str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:-]+$")
+        ]
+    ] = Field(
+        min_length=1,
+        max_length=16,
+        description="the addresses or DNS names this server's qemu+tls:// URIs use for it",
+    )
+
+
+class LibvirtdCertificate(Output):
+    cacert_pem: str = Field(description="this server's CA: the libvirtd's cacert.pem")
+    servercert_pem: str = Field(description="the libvirtd's servercert.pem")
+
+
+@api.post(
+    "/api/v2/admin/hosts/libvirtd-certificate",
+    body=LibvirtdCertificateRequest,
+    response=LibvirtdCertificate,
+    role=Role.admin,
+    summary="Sign a libvirtd's TLS server certificate with this server's CA (qemu+tls hosts)",
+    tag="hosts",
+)
+async def libvirtd_certificate(
+    call: Call[LibvirtdCertificateRequest, NoQuery],
+) -> LibvirtdCertificate:
+    cacert, cert = call.app[HOSTS].libvirtd_certificate(
+        call.require_principal(), call.body.csr_pem, list(call.body.names)
+    )
+    return LibvirtdCertificate(cacert_pem=cacert, servercert_pem=cert)
 
 
 @api.get(
