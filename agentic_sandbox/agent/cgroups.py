@@ -3,8 +3,10 @@
 Every exec run gets its own cgroup (also without limits: that is how its CPU time and peak
 memory are measured), created under the cgroup the agent itself runs in, in each hierarchy —
 never anywhere else, so whatever placed the agent (systemd, a container, a sandbox) still
-accounts for everything its runs do. The child joins the cgroup between fork and exec, before
-it can run or fork anything of its own. Limits are the kernel's, not a poll loop's:
+accounts for everything its runs do. A run is in its cgroup before it can run or fork anything
+of its own: an exec's child is put there by the agent (`RunCgroup.join`) while it is held
+before its exec (`exec.py`), a PTY session's child joins between fork and exec. Limits are the
+kernel's, not a poll loop's:
 
 | budget | cgroup v2 (guests: Debian 12, systemd) | cgroup v1 (hybrid hosts) |
 |---|---|---|
@@ -197,6 +199,13 @@ class RunCgroup:
             self._procs_fds.append(os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
         return list(self._procs_fds)
 
+    def join(self, pid: int) -> None:
+        """Put `pid` (a child held before its exec, see `exec.py`) into every cgroup of the run,
+        from the parent."""
+        value = str(pid)
+        for d in dict.fromkeys(self.dirs.values()):
+            _write(d / "cgroup.procs", value)
+
     def close_join_fds(self) -> None:
         for fd in self._procs_fds:
             with contextlib.suppress(OSError):
@@ -354,6 +363,8 @@ class RunCgroup:
                     return
             self._kill_frozen(d / "cgroup.freeze", "1", "0")
             return
+        if not self.members():
+            return  # nothing left (the usual end of a run): an empty cgroup cannot fork
         freezer = self._dir("freezer")
         if freezer is not None:
             self._kill_frozen(freezer / "freezer.state", "FROZEN", "THAWED")

@@ -2,7 +2,16 @@
 
 Channels: 0 = stdin (from the server; only when `ExecSpec.stdin`, else /dev/null), 1 = stdout,
 2 = stderr. The command runs as given (argv, no shell), as the asked user, in its own session
-(process group) and its own cgroup (`cgroups.py`), joined between fork and exec.
+(process group) and its own cgroup (`cgroups.py`).
+
+- **Spawning** is cheap: no Python runs in the child (no `preexec_fn`, which forces a full
+  fork of the agent and a Python interpreter between fork and exec: tens of ms). The user
+  switch is `Popen`'s own (`user`, `group`, `extra_groups`). With a cgroup, the child starts as
+  `/bin/sh` holding on one line of its stdin (`HOLD`); the agent writes its pid into the run's
+  cgroups and only then sends the line, and the shell execs the command (same pid, the argv as
+  given, the same PATH search as `Popen`'s): nothing of the command runs outside its cgroup.
+  What the shell would do differently from `execve` (a missing or non-executable program, a
+  file that is no program, which a shell would run as a script) is refused before the spawn.
 
 - **Output**: stdout and stderr are non-blocking pipes read from the event loop only while the
   stream has credit on that channel (`Stream.room`), one chunk at a time: a consumer that falls
@@ -29,6 +38,7 @@ import logging
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -39,7 +49,6 @@ from agentic_sandbox.agent.cgroups import (
     Cgroups,
     RunCgroup,
     Usage,
-    child_setup,
     kill_run,
     measured,
     over_output,
@@ -53,6 +62,12 @@ STDIN, STDOUT, STDERR = 0, 1, 2
 NO_CGROUP_GRACE = 2.0  # without a cgroup, pipes held by escaped processes are given up after this
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_ARGS = 4096
+SH = "/bin/sh"
+#: the held start: wait for the agent's line (the cgroup joined), then become the command; an
+#: agent gone before it (EOF) means the command never runs
+HOLD = 'IFS= read -r _ || exit 126; exec "$0" "$@"'
+HOLD_NO_STDIN = HOLD + " </dev/null"
+EXEC_MAGIC = (b"\x7fELF", b"#!")
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,112 @@ def _base_env(user: pwd.struct_passwd) -> dict[str, str]:
     }
 
 
+def _program(argv0: str, env: dict[str, str], cwd: str, user: pwd.struct_passwd) -> None:
+    """Refuse what `execve` would refuse (for a held start, where the shell execs the command):
+    the program found as `Popen` would (a path relative to `cwd`, else a search of the run's
+    PATH), a regular file `user` may execute, and a program (ELF or `#!`), not a file a shell
+    would run as a script."""
+    if "/" in argv0:
+        candidates = [os.path.join(cwd, argv0)]
+    else:
+        candidates = [os.path.join(d or ".", argv0) for d in os.get_exec_path(env)]
+    denied = False
+    for path in candidates:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if user.pw_uid == 0:
+            allowed = bool(st.st_mode & 0o111)
+        elif st.st_uid == user.pw_uid:
+            allowed = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid == user.pw_gid or st.st_gid in os.getgrouplist(user.pw_name, user.pw_gid):
+            allowed = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            allowed = bool(st.st_mode & stat.S_IXOTH)
+        if not allowed:
+            denied = True
+            continue
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+        except OSError:
+            return  # not readable here: execve decides
+        if not head.startswith(EXEC_MAGIC):
+            raise StreamRefused("bad-argv", f"cannot run {argv0!r}: Exec format error", "argv")
+        return
+    why = "Permission denied" if denied else "No such file or directory"
+    raise StreamRefused("bad-argv", f"cannot run {argv0!r}: {why}", "argv")
+
+
+def _spawn(
+    argv: list[str],
+    *,
+    stdin: bool,
+    cwd: str,
+    env: dict[str, str],
+    user: pwd.struct_passwd | None,
+    groups: list[int],
+    cg: RunCgroup | None,
+) -> subprocess.Popen[bytes]:
+    """Start the command, in `cg` before it runs (held, see the module's doc)."""
+    held = cg is not None
+    proc = subprocess.Popen(
+        [SH, "-c", HOLD if stdin else HOLD_NO_STDIN, *argv] if held else argv,
+        stdin=subprocess.PIPE if stdin or held else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        user=user.pw_uid if user is not None else None,
+        group=user.pw_gid if user is not None else None,
+        extra_groups=groups if user is not None else None,
+    )
+    if cg is None:
+        return proc
+    assert proc.stdin is not None
+    try:
+        cg.join(proc.pid)
+        os.write(proc.stdin.fileno(), b"\n")
+    except OSError as exc:
+        proc.kill()  # still held: nothing of the command ran
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise StreamRefused("internal", f"cannot put the run in its cgroup: {exc}") from None
+    if not stdin:
+        proc.stdin.close()
+        proc.stdin = None
+    return proc
+
+
 def _nonblocking(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+def _read_some(fd: int, room: int) -> tuple[bytes, bool]:
+    """Up to `room` bytes of a non-blocking pipe, read until it is empty, and whether it ended
+    (so a command that wrote and exited answers with one frame, not a chunk and then its end)."""
+    parts: list[bytes] = []
+    n = 0
+    eof = False
+    while n < room:
+        try:
+            data = os.read(fd, room - n)
+        except BlockingIOError:
+            break
+        except OSError:
+            data = b""
+        if not data:
+            eof = True
+            break
+        parts.append(data)
+        n += len(data)
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), eof
 
 
 def _signal_name(num: int) -> str:
@@ -185,17 +304,21 @@ class ExecRun:
             raise StreamRefused("budget-unsupported", exc.message, exc.field) from None
         groups = os.getgrouplist(user.pw_name, user.pw_gid) if switch else []
         try:
-            join = cg.open_join_fds() if cg is not None else []
-            proc = subprocess.Popen(
+            if cg is not None:
+                _program(argv[0], env, cwd, user)
+            proc = _spawn(
                 argv,
-                stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdin=spec.stdin,
                 cwd=cwd,
                 env=env,
-                start_new_session=True,
-                preexec_fn=child_setup(join, user if switch else None, groups),
+                user=user if switch else None,
+                groups=groups,
+                cg=cg,
             )
+        except StreamRefused:
+            if cg is not None:
+                cg.remove()
+            raise
         except OSError as exc:
             if cg is not None:
                 cg.remove()
@@ -208,9 +331,6 @@ class ExecRun:
             if cg is not None:
                 cg.remove()
             raise StreamRefused("internal", f"cannot start {argv[0]!r}: {exc}") from None
-        finally:
-            if cg is not None:
-                cg.close_join_fds()
         run = cls(stream, spec, proc, cg)
         log.info(
             "exec %d started (pid %d, %s)",
@@ -240,28 +360,34 @@ class ExecRun:
         if fd is None:
             return
         room = CHUNK if self._discard else min(CHUNK, self.stream.room(ch))
-        try:
-            data = os.read(fd, room) if room > 0 else b""
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
+        if room <= 0:
             self._close_output(ch)
+            return
+        data, eof = _read_some(fd, room)
+        if not data and not eof:
             return
         self.written[ch] += len(data)
         if self._discard:
+            if eof:
+                self._close_output(ch)
             return
         over = over_output(self.budget.output_bytes, self.written[STDOUT] + self.written[STDERR])
         if over > 0:
             if len(data) > over:
                 self.stream.send(ch, data[: len(data) - over])
             self._end("output-limit")
+            if eof:
+                self._close_output(ch)
+            return
+        if eof:  # the last of the output and its end in one frame (a short command's answer)
+            if data:
+                self.stream.send(ch, data, eof=True)
+            self._close_output(ch, eof_sent=bool(data))
             return
         self.stream.send(ch, data)
         self._flow(ch)
 
-    def _close_output(self, ch: int) -> None:
+    def _close_output(self, ch: int, eof_sent: bool = False) -> None:
         fd = self._outputs.pop(ch, None)
         if fd is None:
             return
@@ -269,7 +395,8 @@ class ExecRun:
             self._loop.remove_reader(fd)
             self._reading.discard(ch)
         self._close_fd(fd)
-        self.stream.send(ch, b"", eof=True)
+        if not eof_sent:
+            self.stream.send(ch, b"", eof=True)
         self._maybe_finish()
 
     def _close_fd(self, fd: int) -> None:
@@ -418,7 +545,9 @@ class ExecRun:
         if not self.reason and self.cgroup is not None:
             self.reason = self.cgroup.exceeded()
         result = self._result(usage)
-        if self.cgroup is not None:
+        if not self._detached:
+            self.stream.finish(pb.StreamClose(exec=result))
+        if self.cgroup is not None:  # after the answer is queued: nothing waits on it
             self.cgroup.remove(self._loop)
         log.info(
             "exec %d finished: %s",
@@ -426,8 +555,6 @@ class ExecRun:
             result.signal or result.code,
             extra={"stream_id": self.stream.id, "reason": self.reason},
         )
-        if not self._detached:
-            self.stream.finish(pb.StreamClose(exec=result))
 
     def _result(self, usage: Usage) -> pb.ExecResult:
         status = self.status if self.status is not None else -1

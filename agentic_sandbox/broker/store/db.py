@@ -108,13 +108,15 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.dialect = url.split("+", 1)[0].split(":", 1)[0]
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        kwargs: dict[str, Any] = {}
         if self.dialect == "sqlite":
+            # no liveness ping per checkout: a local file's connection does not go stale, and
+            # the ping is one more round trip to the driver's thread on every session
             path = url.split(":///", 1)[1] if ":///" in url else ""
             if path and path != ":memory:":
                 _private_sqlite_file(Path(path))
         else:
-            kwargs.update(pool_size=10, max_overflow=20)
+            kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)

@@ -176,6 +176,40 @@ def test_bad_input_is_named(sandbox_server: ServerProcess, agent: AgentProcess) 
     assert got == 404
 
 
+def test_the_command_starts_in_its_cgroup_as_given_and_non_programs_are_refused(
+    sandbox_server: ServerProcess, agent: AgentProcess, tmp_path: Path
+) -> None:
+    """The agent holds the child until it is in the run's cgroup, then the child becomes the
+    command: its first look at /proc/self/cgroup is the run's, its argv is the request's, and
+    what execve would refuse is refused by name (never run as a shell script)."""
+    iid = agent.instance_id
+    out = ok(sandbox_server, iid, {"argv": ["cat", "/proc/self/cgroup"]})
+    lines = out["stdout"]["data"].splitlines()
+    if os.geteuid() == 0:
+        for controller in ("pids", "memory", "freezer"):
+            line = next(x for x in lines if x.split(":")[1] == controller)
+            assert "/agentic-sandbox/" in line and line.endswith(tuple("0123456789")), line
+    out = ok(sandbox_server, iid, {"argv": ["sh", "-c", "tr '\\0' ' ' </proc/$$/cmdline", "a b"]})
+    assert out["stdout"]["data"] == "sh -c tr '\\0' ' ' </proc/$$/cmdline a b ", out
+    script = tmp_path / "noshebang"
+    script.write_text("touch ran-as-script\n")
+    script.chmod(0o755)
+    plain = tmp_path / "notexec"
+    plain.write_text("#!/bin/sh\necho hi\n")
+    plain.chmod(0o644)
+    for argv0, why in ((str(script), "Exec format error"), (str(plain), "Permission denied")):
+        got, problem = run(sandbox_server, iid, {"argv": [argv0], "cwd": str(tmp_path)})
+        assert got == 422 and problem["code"] == "bad-argv", problem
+        assert why in problem["detail"] and problem_field(problem) == "body.argv", problem
+    assert not (tmp_path / "ran-as-script").exists()
+    # a relative path is the cwd's, as for execve after the chdir
+    good = tmp_path / "good"
+    good.write_text('#!/bin/sh\necho good "$@"\n')
+    good.chmod(0o755)
+    out = ok(sandbox_server, iid, {"argv": ["./good", "x"], "cwd": str(tmp_path)})
+    assert out["stdout"]["data"] == "good x\n" and out["exit_code"] == 0
+
+
 def test_viewers_cannot_run_and_other_owners_see_nothing(
     sandbox_server: ServerProcess, agent: AgentProcess
 ) -> None:
