@@ -15,12 +15,10 @@ from agentic_sandbox.fleet import Capacity, HostInfo, HostSpec
 
 LOCAL_HOST = "local"
 SPEC_LABEL = "_spec"  # the label under which a host row keeps the spec's other fields
-DRAINING_LABEL = "_draining"  # present (true) while the host takes no new placements
 
 
 def host_spec_from_row(row: m.Host) -> HostSpec:
     labels = dict(row.labels or {})
-    labels.pop(DRAINING_LABEL, None)
     stored = labels.pop(SPEC_LABEL) if isinstance(labels.get(SPEC_LABEL), dict) else {}
     capacity = Capacity(
         vcpus=row.capacity_vcpus or None, memory_mib=row.capacity_memory_mib or None
@@ -56,7 +54,7 @@ class HostService:
         fleet = self._gate.require()
         async with self._svc.db.session() as s:
             rows = (await s.scalars(select(m.Host))).all()
-            names = [r.name for r in rows if (r.labels or {}).get(DRAINING_LABEL)]
+            names = [r.name for r in rows if r.draining]
         for name in names:
             if name in fleet.hosts:
                 fleet.set_draining(name, True)
@@ -68,12 +66,7 @@ class HostService:
         async with self._svc.db.session() as s:
             row = await s.get(m.Host, name)
             if row is not None:
-                labels = dict(row.labels or {})
-                if draining:
-                    labels[DRAINING_LABEL] = True
-                else:
-                    labels.pop(DRAINING_LABEL, None)
-                row.labels = labels
+                row.draining = draining
         if changed:
             action = "host.drain" if draining else "host.undrain"
             self._svc.audit.record(who.actor, action, "host", name)
@@ -140,8 +133,6 @@ class HostService:
             if row is None:
                 row = m.Host(name=name, uri=uri, owner=who.subject)
                 s.add(row)
-            if (row.labels or {}).get(DRAINING_LABEL):
-                stored[DRAINING_LABEL] = True
             row.labels = stored
             row.capacity_vcpus = capacity_vcpus
             row.capacity_memory_mib = capacity_memory_mib
