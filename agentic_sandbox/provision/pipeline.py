@@ -362,10 +362,21 @@ class Provisioner:
                 if stage is not None:
                     clock.begin(stage)
 
+            uploads: dict[str, tuple[int, int]] = {}  # file -> (bytes done, its size)
+
             def on_fleet_detail(step: str, facts: dict[str, Any]) -> None:
                 stage = _FLEET_STAGE.get(step)
-                if stage is not None:
-                    clock.detail(stage, facts)
+                if stage is None:
+                    return
+                if stage == "uploading" and "image" in facts:  # the image's files, summed
+                    uploads[facts["image"]] = (facts["bytes_done"], facts["bytes_total"])
+                    facts = {
+                        **facts,
+                        "files": len(uploads),
+                        "bytes_done": sum(d for d, _ in uploads.values()),
+                        "bytes_total": sum(t for _, t in uploads.values()),
+                    }
+                clock.detail(stage, facts)
 
             clock.begin("placing")
             with observe_stages(on_fleet_stage, on_fleet_detail):

@@ -14,7 +14,10 @@ from tests.support.inproc_server import Running
 async def test_the_first_create_on_a_host_shows_its_image_upload(fleet_server: Running) -> None:
     r = fleet_server
     built = ImageStore(r.svc.settings.data_dir / "images").get(IMAGE)
-    size = os.path.getsize(built.disk)
+    files = [built.disk]
+    if built.direct_kernel_boot:
+        files += [f for f in (built.kernel, built.initrd) if f is not None]
+    size = sum(os.path.getsize(f) for f in files)
 
     op = await create(r, {"id": "up-1", "image": IMAGE, "wait_ready": False})
     assert op["state"] == "succeeded", op
@@ -22,9 +25,9 @@ async def test_the_first_create_on_a_host_shows_its_image_upload(fleet_server: R
     assert names.index("placing") < names.index("uploading") < names.index("disk"), names
     upload = next(s for s in op["stages"] if s["name"] == "uploading")
     assert upload["host"] == "local" and upload["image"].startswith(IMAGE), upload
-    assert upload["bytes_total"] > 0 and upload["bytes_done"] == upload["bytes_total"], upload
-    if not built.direct_kernel_boot:  # the last file put is the disk
-        assert upload["bytes_total"] == size, (upload, size)
+    # every file of the image that went to the host, summed: all of it arrived
+    assert upload["files"] == len(files), (upload, files)
+    assert upload["bytes_done"] == upload["bytes_total"] == size, (upload, size)
 
     status, events, _ = await r.call("GET", "/api/v1/events?type=operation.stage&limit=100")
     assert status == 200, events
