@@ -529,3 +529,34 @@ async def test_create_an_allowlist_instance_with_its_rules(
     assert code == 2 and "--allow is the allowlist of --network allowlist, not nat" in err, err
     status, _, _ = await r.call("GET", "/api/v2/admin/instances/al-3")
     assert status == 404
+
+
+async def test_host_drain_says_what_happens_to_the_hosts_warm_pools(
+    fleet_server: Running, cli: Sandboxctl, tmp_path: Path
+) -> None:
+    """`host drain` of the host a pool lives on: the pool moves (its operation named); with
+    no other host to take it, it says the pool stays and why."""
+    assert (await cli.run_async("image", "build", RECIPE))[0] == 0
+    code, out, err = await cli.run_async("pool", "create", "--size", "1", "-o", "json")
+    assert code == 0, (out, err)
+    key = json.loads(out)["subject_id"]
+    code, out, err = await cli.run_async("host", "drain", "local")
+    assert code == 0, (out, err)
+    assert f"warm pool {key}: stays on local: no other host can take it" in err, err
+    assert (await cli.run_async("host", "undrain", "local"))[0] == 0
+    uri = node_uri(tmp_path, "spare")
+    assert (await cli.run_async("host", "add", "spare", uri))[0] == 0
+    code, out, err = await cli.run_async("host", "drain", "local", "-o", "json")
+    assert code == 0, (out, err)
+    (move,) = json.loads(out)["pools"]
+    assert move["state"] == "moving" and move["key"] == key, out
+    assert f"warm pool {key}: moving to another host (operation {move['operation_id']})" in err
+    deadline = time.monotonic() + 60
+    while True:
+        code, out, err = await cli.run_async("operation", "get", move["operation_id"], "-o", "json")
+        assert code == 0 and json.loads(out)["kind"] == "pool-move", (out, err)
+        if json.loads(out)["state"] != "running" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert json.loads(out)["state"] == "succeeded", out
+    assert json.loads(out)["result"]["to"] == "spare", out
