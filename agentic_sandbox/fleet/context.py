@@ -26,18 +26,28 @@ CallObserver = Callable[[str, float, bool], None]
 """Called after each blocking hypervisor call with (operation name, seconds, succeeded)."""
 
 StageObserver = Callable[[str], None]
+DetailObserver = Callable[[str, dict[str, Any]], None]
+"""Hears (stage, facts) while a step runs, e.g. ``("uploading", {"bytes_done": …})``."""
 _stage_observer: ContextVar[StageObserver | None] = ContextVar("fleet_stage_observer", default=None)
+_detail_observer: ContextVar[DetailObserver | None] = ContextVar(
+    "fleet_detail_observer", default=None
+)
 
 
 @contextmanager
-def observe_stages(observer: StageObserver) -> Iterator[None]:
+def observe_stages(
+    observer: StageObserver, details: DetailObserver | None = None
+) -> Iterator[None]:
     """Within this block (same task), ``observer(stage)`` is called as each step of a
-    multi-step operation (create, clone, pool take) begins: placing, ports, disk, seed,
-    defining, booting, restoring, … — so the layer above can time its stages."""
+    multi-step operation (create, clone, pool take) begins: placing, uploading, ports, disk,
+    seed, defining, booting, restoring, … — so the layer above can time its stages; and
+    ``details(stage, facts)`` as a long step goes (an image upload's bytes done and total)."""
     token = _stage_observer.set(observer)
+    dtoken = _detail_observer.set(details)
     try:
         yield
     finally:
+        _detail_observer.reset(dtoken)
         _stage_observer.reset(token)
 
 
@@ -69,6 +79,11 @@ class FleetContext:
         if self._fault_hook is not None:
             self._fault_hook(stage)
 
+    def detail_observer(self) -> DetailObserver | None:
+        """Who hears the facts of the step under way in this task (read it here, on the
+        loop: callbacks that run elsewhere do not see the task's context)."""
+        return _detail_observer.get()
+
     def emit(self, kind: FleetEventKind, **kw: Any) -> None:
         self.events.emit(FleetEvent(kind=kind, **kw))
 
@@ -77,6 +92,7 @@ class FleetContext:
         # happened to be observing stages when it was started.
         ctx = contextvars.copy_context()
         ctx.run(_stage_observer.set, None)
+        ctx.run(_detail_observer.set, None)
         task = asyncio.get_running_loop().create_task(coro, context=ctx)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

@@ -19,7 +19,7 @@ gives it a new identity with `HostDriver.reidentify`, reads facts from it with
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -29,6 +29,9 @@ from .errors import HostUnavailable
 from .kvm_probe import AccelReport
 from .models import HostSpec, InstanceRecord, InstanceState, SnapshotInfo
 from .ports import PortAllocator
+
+ByteProgress = Callable[[int, int], None]
+"""Hears (bytes done, bytes in all) as a file goes to a host: a few dozen times per file."""
 
 
 class PowerState(StrEnum):
@@ -230,9 +233,17 @@ class Volumes(Protocol):
         """The SHA-256 of a file as the host has it (read back over a stream if remote)."""
 
     async def put_verified(
-        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        sha256: str,
+        *,
+        mode: int = 0o600,
+        progress: ByteProgress | None = None,
     ) -> str:
-        """`put_file`, read back and checked against ``sha256`` before it counts as there."""
+        """`put_file`, read back and checked against ``sha256`` before it counts as there;
+        ``progress`` (called on the event loop) hears the bytes as they go."""
 
     async def copy(self, src: str, kind: str, name: str) -> str: ...
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from .context import FleetContext
-from .driver import HostDriver, Volumes
+from .driver import ByteProgress, HostDriver, Volumes
 from .errors import Conflict, FleetError, HostUnavailable, InvalidRequest, NotFound
 from .index import InstanceIndex
 from .models import FleetEventKind, HostInfo, HostSpec, InstanceState, validate_name
@@ -239,11 +239,34 @@ class HostRegistry(Mapping[str, HostDriver]):
                     out[hn] = dest
                     continue
                 self._ctx.emit(FleetEventKind.IMAGE_UPLOADING, host=hn, detail=name)
-                out[hn] = await vol.put_verified("bases", name, path, sha256, mode=0o644)
+                self._ctx.fault("uploading")
+                out[hn] = await vol.put_verified(
+                    "bases",
+                    name,
+                    path,
+                    sha256,
+                    mode=0o644,
+                    progress=self._upload_progress(hn, name),
+                )
                 self._ctx.emit(FleetEventKind.IMAGE_VERIFIED, host=hn, detail=f"{name} {sha256}")
         if not out:
             raise NotFound("no hosts to import into")
         return out
+
+    def _upload_progress(self, host: str, name: str) -> ByteProgress | None:
+        """An upload's bytes for whoever observes the operation under way (a provision)."""
+        report = self._ctx.detail_observer()
+        if report is None:
+            return None
+        tell = report
+
+        def progress(done: int, total: int) -> None:
+            tell(
+                "uploading",
+                {"host": host, "image": name, "bytes_done": done, "bytes_total": total},
+            )
+
+        return progress
 
 
 def _file_sha256(path: str) -> str:

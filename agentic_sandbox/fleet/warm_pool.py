@@ -11,6 +11,12 @@ from ``list_instances`` unless asked). Taking one re-keys it under the caller's 
 libvirt domain keeps its ``sbx-pool-…`` name: libvirt cannot rename a running domain; the fleet
 finds domains by the record in their metadata, not by name). Refills run in the background and
 stop short of the configured size when the host's free memory (minus a headroom) runs out.
+
+A pool given another saved state (`configure_pool` with a new ``state_id``: the server moves a
+drained host's pools to a state captured elsewhere) keeps its old members as *retiring*: they are
+still handed out while nothing newer is ready, each new member retires one of them, and the
+last go when the pool is full of new ones. A refill that cannot make new members leaves the old
+ones where they are (and says why in ``last_error``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .lifecycle import Lifecycle, lookup
 from .models import (
     CloneSpec,
     EgressPolicy,
+    FleetConfig,
     FleetEventKind,
     Instance,
     InstanceState,
@@ -50,6 +57,7 @@ class PoolSlot:
     egress: EgressPolicy
     agent_port: int
     ready: list[str] = field(default_factory=list)
+    retiring: list[str] = field(default_factory=list)  # members of an earlier state
     refill: asyncio.Task[None] | None = None
     last_error: str = ""
 
@@ -59,8 +67,9 @@ class PoolStatus:
     key: str
     state_id: str
     size: int
-    ready: int
+    ready: int  # members to hand out, retiring ones included
     last_error: str
+    retiring: int = 0  # of ``ready``: members of an earlier state, replaced as new ones come
 
 
 @dataclass(eq=False)
@@ -99,6 +108,9 @@ class WarmPool:
             slot = PoolSlot(key, state_id, size, egress, agent_port)
             self.slots[key] = slot
         else:
+            if slot.state_id != state_id:  # replaced as new members come (see the module doc)
+                slot.retiring.extend(slot.ready)
+                slot.ready.clear()
             slot.state_id, slot.size, slot.egress, slot.agent_port = (
                 state_id,
                 size,
@@ -109,9 +121,12 @@ class WarmPool:
             if (
                 e.record.pool == key
                 and e.record.instance_id not in slot.ready
+                and e.record.instance_id not in slot.retiring
                 and e.state is InstanceState.PAUSED
             ):
                 slot.ready.append(e.record.instance_id)
+        while len(slot.ready) + len(slot.retiring) > size and slot.retiring:
+            await self._retire_one(slot)
         while len(slot.ready) > size:
             await self.lifecycle.delete(slot.ready.pop())
         self._kick(slot)
@@ -121,7 +136,23 @@ class WarmPool:
         return self._status(slot)
 
     def _status(self, slot: PoolSlot) -> PoolStatus:
-        return PoolStatus(slot.key, slot.state_id, slot.size, len(slot.ready), slot.last_error)
+        return PoolStatus(
+            slot.key,
+            slot.state_id,
+            slot.size,
+            len(slot.ready) + len(slot.retiring),
+            slot.last_error,
+            len(slot.retiring),
+        )
+
+    async def _retire_one(self, slot: PoolSlot) -> None:
+        member = slot.retiring.pop()
+        try:
+            await self.lifecycle.delete(member)
+        except NotFound:
+            pass
+        except FleetError as e:  # its host is away: the member stays, out of the pool
+            log.warning("warm pool %s: retiring %s failed: %s", slot.key, member, e)
 
     async def pool_status(self) -> list[PoolStatus]:
         return [self._status(s) for s in self.slots.values()]
@@ -134,6 +165,11 @@ class WarmPool:
         if delay > 0:
             await asyncio.sleep(delay)
         config = self.ctx.config
+        await self._refill_to_size(slot, config)
+        while slot.retiring and len(slot.ready) >= slot.size and not self.ctx.closed:
+            await self._retire_one(slot)
+
+    async def _refill_to_size(self, slot: PoolSlot, config: FleetConfig) -> None:
         while len(slot.ready) < slot.size and not self.ctx.closed:
             st = self.states.get(slot.state_id)
             if st is None:
@@ -181,6 +217,8 @@ class WarmPool:
                 return
             slot.ready.append(member)
             slot.last_error = ""
+            if slot.retiring and len(slot.ready) + len(slot.retiring) > slot.size:
+                await self._retire_one(slot)  # a new member in, an old one out
             self.ctx.emit(
                 FleetEventKind.POOL_REFILLED,
                 host=h.name,
@@ -200,8 +238,8 @@ class WarmPool:
             )
         if spec.instance_id in self.index:
             raise Conflict(f"instance {spec.instance_id!r} already exists")
-        while slot.ready:
-            member = slot.ready.pop(0)
+        while slot.ready or slot.retiring:
+            member = slot.ready.pop(0) if slot.ready else slot.retiring.pop(0)
             e = self.index.get(member)
             if e is None or e.deleting or e.state is not InstanceState.PAUSED:
                 continue
@@ -263,13 +301,16 @@ class WarmPool:
             slot.refill.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slot.refill
-        members = set(slot.ready) | {
-            e.record.instance_id for e in self.index.values() if e.record.pool == slot.key
-        }
+        members = (
+            set(slot.ready)
+            | set(slot.retiring)
+            | {e.record.instance_id for e in self.index.values() if e.record.pool == slot.key}
+        )
         for member in sorted(members):
             with contextlib.suppress(FleetError):
                 await self.lifecycle.delete(member)
         slot.ready.clear()
+        slot.retiring.clear()
         self.slots.pop(key, None)
 
     def stop(self) -> None:

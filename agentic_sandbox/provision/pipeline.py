@@ -50,10 +50,11 @@ from agentic_sandbox.provision.seed import SeedFiles, write_seed_iso
 
 log = logging.getLogger(__name__)
 
-STAGES = ("seed", "placing", "disk", "defining", "booting", "enrolling", "ready")
+STAGES = ("seed", "placing", "uploading", "disk", "defining", "booting", "enrolling", "ready")
 # fleet step names → pipeline stages
 _FLEET_STAGE = {
     "placing": "placing",
+    "uploading": "uploading",  # an image going to a host that lacks it (once per host)
     "ports": "placing",
     "disk": "disk",
     "seed": "disk",  # copying the (already written) seed next to the overlay
@@ -105,9 +106,11 @@ class StageRecord:
     name: str
     started: float  # time.monotonic()
     seconds: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)  # e.g. an upload's bytes so far
 
     def as_dict(self, origin: float) -> dict[str, Any]:
         return {
+            **self.detail,
             "name": self.name,
             "at": round(self.started - origin, 3),
             "seconds": None if self.seconds is None else round(self.seconds, 3),
@@ -136,6 +139,13 @@ class StageClock:
         if self.records and self.records[-1].seconds is None:
             self.records[-1].seconds = now - self.records[-1].started
         self.records.append(StageRecord(name, now))
+        if self.listener is not None:
+            self.listener(name, self.records)
+
+    def detail(self, name: str, facts: dict[str, Any]) -> None:
+        """Facts of the stage under way (an upload's bytes): kept on its record, told on."""
+        self.begin(name)
+        self.records[-1].detail.update(facts)
         if self.listener is not None:
             self.listener(name, self.records)
 
@@ -358,8 +368,24 @@ class Provisioner:
                 if stage is not None:
                     clock.begin(stage)
 
-            clock.begin("placing")  # includes putting the image on the host(s), once per image
-            with observe_stages(on_fleet_stage):
+            uploads: dict[str, tuple[int, int]] = {}  # file -> (bytes done, its size)
+
+            def on_fleet_detail(step: str, facts: dict[str, Any]) -> None:
+                stage = _FLEET_STAGE.get(step)
+                if stage is None:
+                    return
+                if stage == "uploading" and "image" in facts:  # the image's files, summed
+                    uploads[facts["image"]] = (facts["bytes_done"], facts["bytes_total"])
+                    facts = {
+                        **facts,
+                        "files": len(uploads),
+                        "bytes_done": sum(d for d, _ in uploads.values()),
+                        "bytes_total": sum(t for _, t in uploads.values()),
+                    }
+                clock.detail(stage, facts)
+
+            clock.begin("placing")
+            with observe_stages(on_fleet_stage, on_fleet_detail):
                 made = await self._make(req, seed_path, agent_port)
             if req.start and req.wait_ready and enroller is not None:
                 clock.begin("enrolling")

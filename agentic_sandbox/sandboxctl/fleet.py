@@ -383,7 +383,13 @@ def libvirtd_key_and_csr() -> tuple[bytes, str]:
 
 
 async def host_drain(c: AsyncClient, a: argparse.Namespace) -> None:
-    emit(doc(await c.hosts.drain(a.name)), a.output)
+    host = await c.hosts.drain(a.name)
+    emit(doc(host), a.output)
+    for pool in host.pools:  # what the drain does with the host's warm pools, said plainly
+        if pool.state == "moving":
+            err(f"warm pool {pool.key}: moving to another host (operation {pool.operation_id})")
+        else:
+            err(f"warm pool {pool.key}: stays on {a.name}: {pool.reason}")
 
 
 async def host_undrain(c: AsyncClient, a: argparse.Namespace) -> None:

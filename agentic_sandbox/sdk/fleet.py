@@ -21,6 +21,7 @@ from agentic_sandbox.sdk.models import (
     EnrollmentToken,
     ExecResult,
     Host,
+    HostDrain,
     HostInstance,
     Image,
     Instance,
@@ -530,9 +531,10 @@ class AsyncHosts(Resource):
     async def get(self, name: str) -> Host:
         return await self._t.model(Host, "GET", f"{ADMIN}/hosts/{name}")
 
-    async def drain(self, name: str) -> Host:
-        """No new placements on the host (what runs there keeps running)."""
-        return await self._t.model(Host, "POST", f"{ADMIN}/hosts/{name}/drain")
+    async def drain(self, name: str) -> HostDrain:
+        """No new placements on the host (what runs there keeps running); its warm pools
+        move to other hosts (`HostDrain.pools` says how, or why one cannot)."""
+        return await self._t.model(HostDrain, "POST", f"{ADMIN}/hosts/{name}/drain")
 
     async def undrain(self, name: str) -> Host:
         return await self._t.model(Host, "DELETE", f"{ADMIN}/hosts/{name}/drain")

@@ -386,6 +386,24 @@ class LibvirtdCertificate(ApiModel):
     servercert_pem: str
 
 
+class PoolMove(ApiModel):
+    """What a drain does with one of the host's warm pools: `moving` (operation_id) or
+    `stuck` (reason: no other host can take it; its members stay)."""
+
+    __schema__ = "PoolMoveOut"
+    key: str
+    state: str
+    operation_id: str | None = None
+    reason: str = ""
+
+
+class HostDrain(Host):
+    """A drained host, and what happens to the warm pools that were on it."""
+
+    __schema__ = "HostDrainOut"
+    pools: list[PoolMove] = Field(default_factory=list)
+
+
 class Image(ApiModel):
     __schema__ = "ImageOut"
     name: str

@@ -12,6 +12,7 @@ Screenshots go to tests/artifacts/.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -108,6 +109,10 @@ def test_create_dialog_operation_progress_and_actions(fleet_server: ServerProces
             names = stages.evaluate_all("els => els.map(e => e.dataset.stage)")
             assert names[0] == "seed" and names[-1] == "ready", names
             assert {"placing", "disk", "defining", "booting"} <= set(names), names
+            # the host lacked the image: its upload is a stage, with its bytes and host
+            expect(page.locator('#op-stages li[data-stage="uploading"] .stage-bytes')).to_have_text(
+                re.compile(r"^ (\d+\.\d) / \1 MiB to host local$")
+            )
             expect(page.locator('#op-stages li[data-done="false"]')).to_have_count(0)
             assert page.evaluate("document.querySelector('#op-bar').value") == 1
             expect(page.locator("#op-percent")).to_have_text("100%")

@@ -22,13 +22,11 @@ log = logging.getLogger(__name__)
 
 LOCAL_HOST = "local"
 SPEC_LABEL = "_spec"  # the label under which a host row keeps the spec's other fields
-DRAINING_LABEL = "_draining"  # present (true) while the host takes no new placements
 CREDENTIALS_LABEL = "_credentials"  # {"tls": "server-ca"} or {"ssh_key_secret": NAME}
 
 
 def host_spec_from_row(row: m.Host) -> HostSpec:
     labels = dict(row.labels or {})
-    labels.pop(DRAINING_LABEL, None)
     labels.pop(CREDENTIALS_LABEL, None)
     stored = labels.pop(SPEC_LABEL) if isinstance(labels.get(SPEC_LABEL), dict) else {}
     capacity = Capacity(
@@ -137,7 +135,7 @@ class HostService:
         fleet = self._gate.require()
         async with self._svc.db.session() as s:
             rows = (await s.scalars(select(m.Host))).all()
-            names = [r.name for r in rows if (r.labels or {}).get(DRAINING_LABEL)]
+            names = [r.name for r in rows if r.draining]
         for name in names:
             if name in fleet.hosts:
                 fleet.set_draining(name, True)
@@ -149,12 +147,7 @@ class HostService:
         async with self._svc.db.session() as s:
             row = await s.get(m.Host, name)
             if row is not None:
-                labels = dict(row.labels or {})
-                if draining:
-                    labels[DRAINING_LABEL] = True
-                else:
-                    labels.pop(DRAINING_LABEL, None)
-                row.labels = labels
+                row.draining = draining
         if changed:
             action = "host.drain" if draining else "host.undrain"
             self._svc.audit.record(who.actor, action, "host", name)
@@ -265,8 +258,6 @@ class HostService:
             if row is None:
                 row = m.Host(name=name, uri=uri, owner=who.subject)
                 s.add(row)
-            if (row.labels or {}).get(DRAINING_LABEL):
-                stored[DRAINING_LABEL] = True
             row.labels = stored
             row.capacity_vcpus = capacity_vcpus
             row.capacity_memory_mib = capacity_memory_mib

@@ -6,6 +6,12 @@ seed carries no token, so its agent waits for a seed that names a real instance.
 keeps `size` clones of that state restored and paused; a create `from_pool` takes one, gives it
 its own seed (its identity and a one-time enrollment token), resumes it, and the agent enrolls
 as the new instance within a second or two.
+
+Draining a host moves the pools whose state is there (`move_off`): one `pool-move` operation
+each captures a new golden state on another host (placement skips the drained one), gives the
+pool that state — the fleet makes the new members first and retires an old one with each — and
+deletes the old state. When no other host can take a pool, the drain answer says so and its
+members stay.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from sqlalchemy import select
 
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.access import FleetGate
-from agentic_sandbox.broker.instances.errors import InvalidInput, NotFoundError
+from agentic_sandbox.broker.instances.errors import InstanceError, InvalidInput, NotFoundError
 from agentic_sandbox.broker.instances.images import ImageCatalog
 from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
 from agentic_sandbox.broker.instances.provisioning import Provisioning
@@ -60,6 +66,16 @@ class PoolRecord(BaseModel):
 
 
 @dataclass(frozen=True)
+class PoolMove:
+    """What a drain does with one pool on the drained host."""
+
+    key: str
+    state: str  # moving | stuck
+    operation_id: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class PoolView:
     record: PoolRecord
     ready: int  # paused members ready to hand out
@@ -85,6 +101,7 @@ class WarmPools:
         self._provisioning = provisioning
         self._images = images
         self._loadouts = loadouts
+        self._moving: dict[str, str] = {}  # pool key -> the id of its pool-move operation
 
     @property
     def _agent_port(self) -> int:
@@ -182,8 +199,10 @@ class WarmPools:
     ) -> PoolRecord:
         loadout = resolved.loadout
         key = pool_key(image.name, loadout.name, network.value, resolved.version)
-        state_id = f"{key}-{image.name[-12:]}"
-        if state_id not in {s.state_id for s in await self._fleet.list_states()}:
+        states = {s.state_id for s in await self._fleet.list_states()}
+        kept = next((p.state_id for p in await self.saved() if p.key == key), "")
+        state_id = kept if kept in states else f"{key}-{image.name[-12:]}"  # a moved pool's own
+        if state_id not in states:
             await self._capture_golden(progress, key, state_id, image, loadout, network)
         progress.stage("filling")
         await self._fleet.configure_pool(
@@ -198,13 +217,111 @@ class WarmPools:
             size=size,
             state_id=state_id,
         )
+        await self._keep(record)
+        return record
+
+    async def _keep(self, record: PoolRecord) -> None:
         async with self._svc.db.session() as s:
-            row = await s.get(m.KeyValue, KV_PREFIX + key)
+            row = await s.get(m.KeyValue, KV_PREFIX + record.key)
             if row is None:
-                s.add(m.KeyValue(key=KV_PREFIX + key, value=record.model_dump()))
+                s.add(m.KeyValue(key=KV_PREFIX + record.key, value=record.model_dump()))
             else:
                 row.value = record.model_dump()
-        return record
+
+    # ---- moving off a drained host -------------------------------------------------------------
+    async def move_off(self, who: Principal, host: str) -> list[PoolMove]:
+        """Start moving every pool whose saved state is on ``host`` to another host (one
+        `pool-move` operation each; a pool already moving keeps its operation). A pool that
+        no other host can take is `stuck`, with the reason, and keeps its members."""
+        fleet = self._gate.require()
+        states = {s.state_id: s for s in await fleet.list_states()}
+        others = [
+            h.spec.name
+            for h in await fleet.list_hosts()
+            if h.spec.name != host and h.reachable and not h.draining
+        ]
+        out: list[PoolMove] = []
+        for pool in await self.saved():
+            st = states.get(pool.state_id)
+            if st is None or st.host != host:
+                continue
+            if pool.key in self._moving:
+                out.append(PoolMove(pool.key, "moving", self._moving[pool.key]))
+                continue
+            if not others:
+                reason = (
+                    f"no other host can take it (every other host is unreachable or "
+                    f"draining); its {pool.size} member(s) stay on {host}"
+                )
+                out.append(PoolMove(pool.key, "stuck", None, reason))
+                continue
+            op = await self._submit_move(who, pool, host)
+            out.append(PoolMove(pool.key, "moving", op.id))
+        return out
+
+    async def _submit_move(self, who: Principal, pool: PoolRecord, host: str) -> m.Operation:
+        async def body(progress: Progress) -> dict[str, object]:
+            try:
+                return await self._move(who, progress, pool, host)
+            finally:
+                self._moving.pop(pool.key, None)
+
+        op = await self._ops.submit(
+            kind="pool-move",
+            subject_type="pool",
+            subject_id=pool.key,
+            owner=who.subject,
+            actor=who.actor,
+            body=body,
+            planned=PREPARE_STAGES,
+        )
+        self._moving[pool.key] = op.id
+        self._svc.audit.record(who.actor, "pool.move", "pool", pool.key, detail={"from": host})
+        return op
+
+    async def _move(
+        self, who: Principal, progress: Progress, pool: PoolRecord, host: str
+    ) -> dict[str, object]:
+        fleet = self._gate.require()
+        try:
+            image = self._images.resolve(pool.image)
+            resolved = await self._loadouts.resolve(who, pool.loadout, version=pool.loadout_version)
+        except InstanceError as exc:  # the image or loadout version is gone: nothing to rebuild
+            raise OperationFailed("golden", f"pool {pool.key} cannot be rebuilt: {exc}") from None
+        network = EgressPolicy(pool.network)
+        state_id = f"{pool.key}-{secrets.token_hex(4)}"
+        await self._capture_golden(progress, pool.key, state_id, image, resolved.loadout, network)
+        placed = next((s.host for s in await fleet.list_states() if s.state_id == state_id), "")
+        progress.stage("filling")
+        try:
+            status = await fleet.configure_pool(
+                pool.key,
+                state_id,
+                pool.size,
+                egress=network,
+                agent_port=self._agent_port,
+                wait=True,
+            )
+        except FleetError as exc:
+            raise OperationFailed("filling", str(exc)) from None
+        await self._keep(pool.model_copy(update={"state_id": state_id}))
+        if status.retiring:
+            raise OperationFailed(
+                "filling",
+                f"{status.ready - status.retiring} of {pool.size} new member(s) on {placed}: "
+                f"{status.last_error or 'no room'}; {status.retiring} stay on {host}",
+            )
+        try:
+            await fleet.delete_state(pool.state_id)
+        except FleetError as exc:  # its frozen disk stays while clones use it anyway
+            log.warning("pool %s: deleting its old state %s: %s", pool.key, pool.state_id, exc)
+        return {
+            "key": pool.key,
+            "from": host,
+            "to": placed,
+            "state_id": state_id,
+            "ready": status.ready,
+        }
 
     async def _capture_golden(
         self,

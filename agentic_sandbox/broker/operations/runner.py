@@ -51,14 +51,24 @@ class Progress:
     planned: tuple[str, ...] = ()
     fraction: float = 0.0
 
+    current: str | None = None
+
     def stage(self, name: str, stages: list[dict[str, Any]] | None = None) -> None:
+        """Stage ``name`` begins, or (the same name again) has news in ``stages`` — the
+        row is updated then, but no second `operation.stage` event is published."""
         if stages is not None:
             self.stages = stages
+        if name == self.current:
+            self.runner._schedule_update(self.op_id, stages=list(self.stages))
+            return
+        self.current = name
         fraction = self.fraction
         if self.planned and name in self.planned:
             fraction = max(fraction, self.planned.index(name) / max(1, len(self.planned) - 1))
         self.fraction = fraction  # progress never goes backwards
-        self.runner._schedule_update(self.op_id, stage=name, progress=fraction, stages=self.stages)
+        self.runner._schedule_update(
+            self.op_id, stage=name, progress=fraction, stages=list(self.stages)
+        )
 
 
 Body = Callable[[Progress], Awaitable[dict[str, Any] | None]]

@@ -182,6 +182,8 @@ class Host(Base, Timestamps):
     state: Mapped[str] = mapped_column(String(16), default="unknown")
     state_reason: Mapped[str] = mapped_column(Text, default="")
     owner: Mapped[str] = mapped_column(String(128), default="admin")
+    # takes no new placements (POST …/hosts/{name}/drain); kept across restarts
+    draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Image(Base, Timestamps):

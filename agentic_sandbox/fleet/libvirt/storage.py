@@ -44,6 +44,7 @@ from collections.abc import Callable, Collection
 
 import libvirt
 
+from ..driver import ByteProgress
 from ..errors import FleetError, NotFound
 from ..models import DOMAIN_PREFIX, InstanceRecord
 from ..qemu_access import guard_dir
@@ -53,6 +54,30 @@ POOL_KINDS = ("bases", "instances", "states")
 POOL_PREFIX = "sbx-"
 _CHUNK = 1 << 20
 DIGEST_SUFFIX = ".sha256"  # beside a verified image: its SHA-256, written after the readback
+PROGRESS_STEPS = 50  # an upload reports its bytes at most this often (and at its end)
+
+
+def counting_reader(
+    read: Callable[[int], bytes], total: int, progress: ByteProgress | None
+) -> Callable[[int], bytes]:
+    """``read``, telling ``progress`` how far it got each time another 1/`PROGRESS_STEPS` of
+    ``total`` has gone by, and at the end: a few dozen calls per upload, never one per chunk."""
+    if progress is None:
+        return read
+    step = max(1, total // PROGRESS_STEPS)
+    done = 0
+    told = 0
+
+    def counted(n: int) -> bytes:
+        nonlocal done, told
+        data = read(n)
+        done += len(data)
+        if done - told >= step or (done >= total and told < done) or (not data and told < done):
+            told = done
+            progress(done, total)
+        return data
+
+    return counted
 
 
 def pool_name(kind: str, data_dir: str) -> str:
@@ -237,18 +262,31 @@ class HostStorage:
         created = self._pools[kind].createXML(ET.tostring(vol, encoding="unicode"), 0)
         return str(created.path())
 
-    def put_file(self, kind: str, name: str, source: str, *, mode: int = 0o600) -> str:
-        """Copy a local file into a pool (by link/copy when local, by upload stream if not)."""
+    def put_file(
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        *,
+        mode: int = 0o600,
+        progress: ByteProgress | None = None,
+    ) -> str:
+        """Copy a local file into a pool (by link/copy when local, by upload stream if not);
+        ``progress`` hears how many bytes are there as it goes."""
         dest = self.path(kind, name)
+        size = os.path.getsize(source)
+        if progress is not None:
+            progress(0, size)
         if self.files_local or self.virtual:
             tmp = dest + ".part"
-            shutil.copyfile(source, tmp)
+            shutil.copyfile(source, tmp)  # one kernel-side copy: its end is all there is to tell
             os.chmod(tmp, mode)
             os.replace(tmp, dest)
             if self.virtual:  # let the test driver know the volume too
                 self._virtual_volume(kind, name, os.path.getsize(dest))
+            if progress is not None:
+                progress(size, size)
             return dest
-        size = os.path.getsize(source)
         vol_el = ET.Element("volume")
         ET.SubElement(vol_el, "name").text = name
         ET.SubElement(vol_el, "capacity", {"unit": "bytes"}).text = str(size)
@@ -262,7 +300,7 @@ class HostStorage:
         vol = self._pools[kind].createXML(ET.tostring(vol_el, encoding="unicode"), 0)
         try:
             with open(source, "rb") as f:
-                self._upload(vol, 0, size, f.read)
+                self._upload(vol, 0, size, counting_reader(f.read, size, progress))
         except BaseException:
             with contextlib.suppress(libvirt.libvirtError):
                 vol.delete(0)
@@ -305,14 +343,21 @@ class HostStorage:
         return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
 
     def put_verified(
-        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        sha256: str,
+        *,
+        mode: int = 0o600,
+        progress: ByteProgress | None = None,
     ) -> str:
         """`put_file`, then read the copy back and check it against ``sha256``; only then is
         a marker (`<name>.sha256`) written, so a half-done or corrupt upload is never taken
         for the image. A mismatch removes the copy and fails naming both digests."""
         marker = self.path(kind, name + DIGEST_SUFFIX)
         self.delete(marker)  # no marker while the image is being replaced
-        dest = self.put_file(kind, name, source, mode=mode)
+        dest = self.put_file(kind, name, source, mode=mode, progress=progress)
         got = self.digest(dest)
         if got != sha256:
             self.delete(dest)

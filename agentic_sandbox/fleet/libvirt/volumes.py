@@ -5,10 +5,12 @@ its own: every call uses the host's current connection, so a disconnected host a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from functools import partial
 from typing import TYPE_CHECKING
 
+from ..driver import ByteProgress
 from ..models import InstanceRecord
 from .save_images import SaveHeader
 from .storage import HostStorage
@@ -59,11 +61,26 @@ class LibvirtVolumes:
         return await self._host.run(self._storage().digest, path)
 
     async def put_verified(
-        self, kind: str, name: str, source: str, sha256: str, *, mode: int = 0o600
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        sha256: str,
+        *,
+        mode: int = 0o600,
+        progress: ByteProgress | None = None,
     ) -> str:
         storage = self._storage()
+        on_loop: ByteProgress | None = None
+        if progress is not None:
+            loop = asyncio.get_running_loop()
+            tell = progress
+
+            def on_loop(done: int, total: int) -> None:  # from the executor thread
+                loop.call_soon_threadsafe(tell, done, total)
+
         return await self._host.run(
-            partial(storage.put_verified, kind, name, source, sha256, mode=mode)
+            partial(storage.put_verified, kind, name, source, sha256, mode=mode, progress=on_loop)
         )
 
     async def copy(self, src: str, kind: str, name: str) -> str:

@@ -116,7 +116,8 @@ async def test_a_failed_create_names_stage_and_cause_and_renders_sub_tables(
     assert "name=" not in out and "at=" not in out, out
     lines = out.splitlines()
     (stages_at,) = [i for i, line in enumerate(lines) if line.startswith("stages")]
-    assert lines[stages_at].split()[1:] == ["NAME", "AT", "SECONDS"], out
+    # (a stage's own facts, e.g. an upload's bytes, are further columns)
+    assert lines[stages_at].split()[1:4] == ["NAME", "AT", "SECONDS"], out
     assert any(line.split()[:1] == ["seed"] for line in lines[stages_at + 1 :]), out
     (error_at,) = [i for i, line in enumerate(lines) if line.startswith("error")]
     assert lines[error_at].split()[1:3] == ["stage", "placing"], out
@@ -351,9 +352,10 @@ async def test_operation_get_and_nested_fields_render_as_sub_tables(
     got = sections(out)
     assert got["state"] == [["failed"]] and got["stage"] == [["placing"]], out
     head, rule, *stage_rows = got["stages"]
-    assert head == ["NAME", "AT", "SECONDS"] and set("".join(rule)) == {"─"}, out
+    # (the uploading stage's facts — host, image, bytes — are further columns)
+    assert head[:3] == ["NAME", "AT", "SECONDS"] and set("".join(rule)) == {"─"}, out
     assert [row[0] for row in stage_rows] == [s["name"] for s in failed["stages"]], out
-    assert [numbers(row[1:]) for row in stage_rows] == [
+    assert [numbers(row[1:3]) for row in stage_rows] == [
         [round(s["at"], 3), round(s["seconds"], 3)] for s in failed["stages"]
     ], out
     assert got["error"][0] == ["stage", "placing"], out
@@ -527,3 +529,34 @@ async def test_create_an_allowlist_instance_with_its_rules(
     assert code == 2 and "--allow is the allowlist of --network allowlist, not nat" in err, err
     status, _, _ = await r.call("GET", "/api/v2/admin/instances/al-3")
     assert status == 404
+
+
+async def test_host_drain_says_what_happens_to_the_hosts_warm_pools(
+    fleet_server: Running, cli: Sandboxctl, tmp_path: Path
+) -> None:
+    """`host drain` of the host a pool lives on: the pool moves (its operation named); with
+    no other host to take it, it says the pool stays and why."""
+    assert (await cli.run_async("image", "build", RECIPE))[0] == 0
+    code, out, err = await cli.run_async("pool", "create", "--size", "1", "-o", "json")
+    assert code == 0, (out, err)
+    key = json.loads(out)["subject_id"]
+    code, out, err = await cli.run_async("host", "drain", "local")
+    assert code == 0, (out, err)
+    assert f"warm pool {key}: stays on local: no other host can take it" in err, err
+    assert (await cli.run_async("host", "undrain", "local"))[0] == 0
+    uri = node_uri(tmp_path, "spare")
+    assert (await cli.run_async("host", "add", "spare", uri))[0] == 0
+    code, out, err = await cli.run_async("host", "drain", "local", "-o", "json")
+    assert code == 0, (out, err)
+    (move,) = json.loads(out)["pools"]
+    assert move["state"] == "moving" and move["key"] == key, out
+    assert f"warm pool {key}: moving to another host (operation {move['operation_id']})" in err
+    deadline = time.monotonic() + 60
+    while True:
+        code, out, err = await cli.run_async("operation", "get", move["operation_id"], "-o", "json")
+        assert code == 0 and json.loads(out)["kind"] == "pool-move", (out, err)
+        if json.loads(out)["state"] != "running" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert json.loads(out)["state"] == "succeeded", out
+    assert json.loads(out)["result"]["to"] == "spare", out

@@ -91,3 +91,48 @@ async def test_sqlite_uses_wal(tmp_path: Path) -> None:
         assert mode == "wal"
     finally:
         await db.close()
+
+
+async def test_a_drain_kept_as_a_label_becomes_the_draining_column(tmp_path: Path) -> None:
+    """Hosts drained before 0005 kept `_draining` in their labels: after the upgrade the
+    column says so and the label is gone (the other labels stay); a downgrade puts it back."""
+    import json
+
+    from sqlalchemy import text
+
+    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'd.db'}")
+    try:
+        await db.migrate("0004")
+        async with db.engine.begin() as conn:
+            for name, labels in (
+                ("far", {"net": "far", "_draining": True}),
+                ("near", {"net": "near"}),
+            ):
+                await conn.execute(
+                    text(
+                        "INSERT INTO hosts (name, uri, labels, state, state_reason, owner,"
+                        " created_at, updated_at) VALUES (:n, 'test:///default', :l, 'unknown',"
+                        " '', 'admin', '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
+                    ),
+                    {"n": name, "l": json.dumps(labels)},
+                )
+        await db.migrate("head")
+
+        async def rows() -> dict[str, tuple[object, ...]]:
+            async with db.engine.connect() as conn:
+                result = await conn.execute(text("SELECT * FROM hosts ORDER BY name"))
+                return {
+                    r.name: tuple(r._mapping.get(k) for k in ("labels", "draining")) for r in result
+                }
+
+        got = await rows()
+        assert json.loads(str(got["far"][0])) == {"net": "far"} and got["far"][1] in (1, True)
+        assert json.loads(str(got["near"][0])) == {"net": "near"} and got["near"][1] in (0, False)
+        await db.migrate("0004")
+        async with db.engine.connect() as conn:
+            labels = (
+                await conn.execute(text("SELECT labels FROM hosts WHERE name='far'"))
+            ).scalar()
+        assert json.loads(str(labels)) == {"net": "far", "_draining": True}
+    finally:
+        await db.close()

@@ -43,6 +43,12 @@ function controlFor(field) {
   return null;
 }
 
+/** An image upload's stage facts: "12.5 / 300.0 MiB to host far". */
+function uploadText(s) {
+  const mib = (n) => (n / 1048576).toFixed(1);
+  return `${mib(s.bytes_done || 0)} / ${mib(s.bytes_total)} MiB to host ${s.host || "?"}`;
+}
+
 export class CreateDialog {
   constructor(app) {
     this.app = app;
@@ -300,6 +306,8 @@ export class CreateDialog {
         dataset: { stage: s.name, done: String(finished), failed: failed ? "true" : null },
         class: failed ? "stage-failed" : finished ? "stage-done" : done ? "stage-stopped" : "stage-running",
       }, el("span", { class: "stage-name" }, s.name),
+      typeof s.bytes_total === "number"
+        ? el("span", { class: "stage-bytes muted" }, ` ${uploadText(s)}`) : null,
       el("span", { class: "stage-time" }, failed ? "failed" : finished ? `${s.seconds.toFixed(2)} s` : done ? "stopped" : "running…"));
     });
     $("#op-stages").replaceChildren(...stages);

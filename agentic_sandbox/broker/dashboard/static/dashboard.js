@@ -6,6 +6,7 @@ import { api, ApiError, onUnauthorized, setCsrf } from "/static/api.js";
 import { CreateDialog, loadOperations } from "/static/create.js";
 import { $, debounce, fmtDuration } from "/static/dom.js";
 import { EventFeed, EventsPanel, renderFeedStatus } from "/static/events.js";
+import { HostsView } from "/static/hosts.js";
 import { InstancesView } from "/static/instances.js";
 import { LoadoutsView } from "/static/loadouts.js";
 import { CastPlayer, parseCast } from "/static/player.js";
@@ -35,6 +36,7 @@ app.instances = instances;
 const sessions = new SessionsRoom(app);
 const tasks = new TasksView(app);
 const loadouts = new LoadoutsView(app, $("#loadouts-panel"));
+const hosts = new HostsView(app, $("#hosts-panel"));
 const create = new CreateDialog(app);
 const eventsPanel = new EventsPanel();
 
@@ -46,12 +48,14 @@ app.refresh.sessions = debounce(() => {
 }, 250);
 app.refresh.tasks = debounce(() => tasks.load(), 300);
 app.refresh.operations = debounce(() => loadOperations(), 300);
+app.refresh.hosts = debounce(() => hosts.load(), 300);
 
 function refreshAll() {
   app.refresh.instances.now();
   app.refresh.sessions.now();
   app.refresh.tasks.now();
   app.refresh.operations.now();
+  app.refresh.hosts.now();
   instances.loadSnapshots();
   if (instances.selected) instances.egress.loadEvents(); // events the feed may have missed
 }
@@ -61,6 +65,7 @@ function onEvent(ev) {
   eventsPanel.add(ev);
   const family = ev.type.split(".")[0];
   if (family === "instance" || family === "agent" || family === "host") app.refresh.instances();
+  if (family === "instance" || family === "host") app.refresh.hosts(); // counts and states
   if (family === "agent" || family === "session") app.refresh.sessions();
   if (family === "task") { tasks.onEvent(ev); app.refresh.tasks(); }
   if (family === "operation") { create.onEvent(ev); app.refresh.operations(); }
@@ -228,7 +233,7 @@ async function showApp() {
   $("#create-open").disabled = !app.canOperate();
   $("#new-session button[type=submit]").disabled = !app.canOperate();
   startFeed();
-  await Promise.all([instances.load(), sessions.load(), tasks.load(), loadouts.load(), loadOperations()]);
+  await Promise.all([instances.load(), sessions.load(), tasks.load(), loadouts.load(), hosts.load(), loadOperations()]);
   document.body.dataset.loaded = "app"; // every request of the load answered (tests wait on it)
 }
 

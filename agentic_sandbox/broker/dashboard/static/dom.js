@@ -38,6 +38,7 @@ const STATE_CLASS = {
   blocked: "warn",
   shutoff: "off", exited: "off", disconnected: "off", absent: "off", canceled: "off", deleted: "off",
   crashed: "bad", failed: "bad", lost: "bad", rejected: "bad", unknown: "off",
+  reachable: "ok", unreachable: "bad", draining: "warn",
 };
 
 /** A state badge: <span class="badge badge-ok" data-state="running">running</span> */

@@ -12,7 +12,7 @@ from agentic_sandbox.broker.http.routing import Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, Output
 from agentic_sandbox.broker.instances.api.models import HostName
 from agentic_sandbox.broker.instances.api.problems import FleetRoutes
-from agentic_sandbox.broker.instances.keys import HOSTS
+from agentic_sandbox.broker.instances.keys import HOSTS, POOLS
 from agentic_sandbox.fleet import HostInfo
 
 api = FleetRoutes()
@@ -112,6 +112,22 @@ class HostOut(Output):
     committed_memory_mib: int
     instances: int
     draining: bool = Field(description="takes no new placements (POST …/drain)")
+
+
+class PoolMoveOut(Output):
+    key: str
+    state: Literal["moving", "stuck"] = Field(
+        description="moving: a pool-move operation makes its members on another host first; "
+        "stuck: no other host can take it (reason), its members stay"
+    )
+    operation_id: str | None
+    reason: str
+
+
+class HostDrainOut(HostOut):
+    pools: list[PoolMoveOut] = Field(
+        default_factory=list, description="the warm pools on this host and what the drain does"
+    )
 
 
 class HostList(Output):
@@ -248,14 +264,24 @@ async def remove_host(call: Call[NoBody, HostRemoveQuery]) -> None:
 
 @api.post(
     "/api/v2/admin/hosts/{name}/drain",
-    response=HostOut,
+    response=HostDrainOut,
     role=Role.admin,
-    summary="Drain a host: no new placements there (what runs there keeps running)",
+    summary="Drain a host: no new placements there (what runs there keeps running); its warm "
+    "pools move to other hosts",
     tag="hosts",
 )
-async def drain_host(call: Call[NoBody, NoQuery]) -> HostOut:
-    hosts = call.app[HOSTS]
-    return host_out(await hosts.set_draining(call.require_principal(), call.match["name"], True))
+async def drain_host(call: Call[NoBody, NoQuery]) -> HostDrainOut:
+    who = call.require_principal()
+    name = call.match["name"]
+    info = await call.app[HOSTS].set_draining(who, name, True)
+    moves = await call.app[POOLS].move_off(who, name)
+    return HostDrainOut(
+        **host_out(info).model_dump(),
+        pools=[
+            PoolMoveOut(key=p.key, state=p.state, operation_id=p.operation_id, reason=p.reason)
+            for p in moves
+        ],
+    )
 
 
 @api.delete(
