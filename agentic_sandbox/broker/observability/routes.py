@@ -104,10 +104,11 @@ class EventPage(Output):
 async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     svc = services(call.request)
     q = call.query
-    if q.after > svc.events.last_seq:
+    newest = await svc.events.newest()
+    if q.after > newest:
         raise ProblemError(
             400,
-            f"query.after: cursor {q.after} is beyond the newest event ({svc.events.last_seq})",
+            f"query.after: cursor {q.after} is beyond the newest event ({newest})",
             code="invalid-cursor",
             errors=[{"field": "query.after", "message": "cursor beyond newest", "type": "value"}],
         )
@@ -144,10 +145,11 @@ async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
         if not last_id.isdigit():
             raise ProblemError(400, "Last-Event-ID must be an event seq", code="invalid-cursor")
         after = int(last_id)
-    if after > svc.events.last_seq:
+    newest = await svc.events.newest()
+    if after > newest:
         raise ProblemError(
             400,
-            f"cursor {after} is beyond the newest event ({svc.events.last_seq})",
+            f"cursor {after} is beyond the newest event ({newest})",
             code="invalid-cursor",
         )
     who = call.require_principal()
