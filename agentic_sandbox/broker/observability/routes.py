@@ -100,6 +100,7 @@ class EventPage(Output):
     role=Role.viewer,
     summary="Events after a cursor (oldest first, at most 200)",
     tag="events",
+    follower=True,  # the shared log; a follower's tail keeps it current
 )
 async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     svc = services(call.request)
@@ -135,6 +136,7 @@ async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     description="Ends with an `event: revoked` frame when the credential that opened it is "
     "revoked (or expires).",
     tag="events",
+    follower=True,  # a follower streams what its tail pulls from the leader's log
 )
 async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
     svc = services(call.request)
