@@ -64,7 +64,8 @@ class Contexts:
         path.write_text(yaml.safe_dump(doc, sort_keys=True))
 
     def set(self, name: str, url: str, token: str | None, token_file: str | None) -> None:
-        entry: dict[str, Any] = {"url": url.rstrip("/")}
+        urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        entry: dict[str, Any] = {"url": urls[0]} if len(urls) == 1 else {"servers": urls}
         if token is not None:
             tf = config_dir() / "tokens" / name
             tf.parent.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,7 @@ def clean_params(params: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 MAX_HOPS = 3  # redirects one request may follow (a follower's 307 to the leader is one)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # re-asked elsewhere when a node dies
 ELECTION_WAIT = 15.0  # seconds a request waits out a "no node leads right now" (503)
 
 
@@ -234,11 +235,19 @@ class Transport:
             resp.release()
 
     async def _send(self, method: str, path: str, kw: dict[str, Any]) -> aiohttp.ClientResponse:
-        last: aiohttp.ClientConnectorError | None = None
+        last: aiohttp.ClientError | None = None
         for base in self._candidates():
             try:
                 resp = await self._follow(base, method, path, kw)
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: try the next
+                last = exc
+                self._resolved = False
+                continue
+            except aiohttp.ServerDisconnectedError as exc:
+                # A node that died with our request unanswered: a read is asked of the next;
+                # a write may have been applied, so its caller hears ConnectionFailed.
+                if method not in SAFE_METHODS:
+                    raise
                 last = exc
                 self._resolved = False
                 continue
