@@ -1,7 +1,8 @@
 """Events across two real servers on one PostgreSQL: an SSE client on the follower sees what
 the leader publishes (the follower's tail: LISTEN + poll), and after `kill -9` of the leader a
 client that resumes with its cursor on the new leader gets every stored event once — no gap,
-no duplicate — while the follower's own stream carries on through the promotion."""
+no duplicate — while the follower's own stream carries on through the promotion. A token
+revoked on the leader ends its stream on the follower."""
 
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ async def test_follower_streams_live_and_a_cursor_survives_kill9(
         await on_follower.wait(created("ev-4"), TIMEOUT)  # live on the follower
         await on_leader.wait(created("ev-4"), TIMEOUT)
         assert seqs(on_follower) == list(range(1, len(seqs(on_follower)) + 1))
+
+        # a token revoked on the leader ends its stream on the follower too
+        _, _, made = request(n1, "POST", "/api/v2/admin/tokens", {"subject": "v", "role": "viewer"})
+        viewer = await SseReader.open(
+            n2.url + "/api/v1/events/stream", {"Authorization": f"Bearer {made['token']}"}
+        )
+        streams.append(viewer)
+        status, _, _ = request(n1, "DELETE", f"/api/v2/admin/tokens/{made['id']}")
+        assert status == 204
+        await viewer.wait(lambda f: f.event == "revoked", TIMEOUT)
 
         # More events, then kill -9 of the leader at once: what it had not stored is gone
         # for everyone; what anyone saw is stored.
