@@ -34,6 +34,7 @@ from agentic_sandbox.broker.app import (
 from agentic_sandbox.broker.cluster import (
     DataDirBusy,
     Elector,
+    EventTail,
     Leadership,
     NodeInfo,
     Role,
@@ -74,6 +75,7 @@ class Server:
         self.cluster: Leadership | None = None
         self._started: list[Component] = []
         self._leading: asyncio.Task[None] | None = None
+        self._tail: EventTail | None = None  # a follower's tail of the leader's events
         self.leading = asyncio.Event()  # set once this node's components run (it leads)
         # One cap for both listeners: an address's connections count together.
         self.connections = ConnectionCap(settings.http_max_connections_per_address)
@@ -94,6 +96,8 @@ class Server:
             self.cluster.on_lost(self._lost_leadership)
             svc.leading = False
             svc.readiness["leadership"] = self._leadership_check
+            self._tail = EventTail(svc.db, svc.events.pull, node=s.node_name)
+            self._tail.start()
         assert self.cluster is not None
         svc.cluster = self.cluster
         async with svc.db.exclusively():  # nodes starting together make one token
@@ -114,6 +118,9 @@ class Server:
     async def _lead(self) -> None:
         """This node leads: take the event sequence over and start every component."""
         assert self.svc is not None
+        if self._tail is not None:  # the bus pulls the last of the old leader's events itself
+            await self._tail.stop()
+            self._tail = None
         await self.svc.events.lead()
         for component in self.components:
             await component.start()
@@ -211,6 +218,9 @@ class Server:
             self._leading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._leading
+        if self._tail is not None:
+            await self._tail.stop()
+            self._tail = None
         for runner in self._runners[1:]:
             await runner.cleanup()
         # Stop components first so long-lived streams (WebSockets, SSE, agent links) end and

@@ -21,6 +21,14 @@ from agentic_sandbox.sdk.contexts import config_path
 
 
 # ---- verbs without a server ------------------------------------------------------------------
+def _url_of(entry: dict[str, object]) -> dict[str, object]:
+    """A context's fields, its `servers` list shown as one comma-separated `url`."""
+    servers = entry.get("servers")
+    if isinstance(servers, list):
+        return {**{k: v for k, v in entry.items() if k != "servers"}, "url": ",".join(servers)}
+    return entry
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     ctxs = Contexts.load()
     if args.verb == "set-context":
@@ -41,7 +49,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(f"now using {args.name!r}")
     else:
         rows = [
-            {"current": "*" if n == ctxs.current else "", "name": n, **v}
+            {"current": "*" if n == ctxs.current else "", "name": n, **_url_of(v)}
             for n, v in sorted(ctxs.items.items())
         ]
         emit(

@@ -33,7 +33,8 @@ def add_global_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--server",
         default=argparse.SUPPRESS,
-        help="server URL (default: the context's, or $SANDBOX_URL)",
+        help="server URL, or several nodes of one cluster comma-separated (default: the "
+        "context's, or $SANDBOX_URL)",
     )
     g.add_argument(
         "--token",

@@ -107,6 +107,7 @@ class Attachment:
         protocols = [SUBPROTOCOL]
         if self._t.token:
             protocols.append(f"bearer.{self._t.token}")
+        await self._t.resolve_leader()  # a WebSocket cannot follow a follower's 307
         url = f"{self._t.ws_url}/api/v2/admin/sessions/{self.session_id}/attach"
         try:
             ws = await self._t.session.ws_connect(
@@ -115,6 +116,7 @@ class Attachment:
         except aiohttp.WSServerHandshakeError as exc:
             raise await self._refusal(exc.status, exc.message) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
+            self._t.forget_leader()
             raise ConnectionFailed(f"cannot attach to {self.session_id}: {exc}") from None
         self._ws = ws
         self.connects += 1

@@ -4,7 +4,9 @@ Contexts (a URL and a token file each) live in `~/.config/agentic-sandbox/sandbo
 (`$XDG_CONFIG_HOME` moves it); tokens are files with mode 0600, never in the YAML itself.
 `Credentials.resolve()` picks, first match wins:
 
-- the URL: the `server` argument, `$SANDBOX_URL`, the context's, `http://127.0.0.1:8122`;
+- the URL: the `server` argument, `$SANDBOX_URL`, the context's (`url`, or `servers: [..]`),
+  `http://127.0.0.1:8122`. Several nodes of one cluster are comma-separated
+  (`SANDBOX_URL=http://a:8122,http://b:8122`): the client finds and follows the leader;
 - the token: the `token` argument, `$SANDBOX_TOKEN`, the context's token file, and with no
   context at all the local server's admin token file (`$SANDBOX_DATA_DIR/admin-token`, then
   `/var/lib/agentic-sandbox/admin-token`, `~/.local/share/agentic-sandbox/admin-token`), when
@@ -62,7 +64,8 @@ class Contexts:
         path.write_text(yaml.safe_dump(doc, sort_keys=True))
 
     def set(self, name: str, url: str, token: str | None, token_file: str | None) -> None:
-        entry: dict[str, Any] = {"url": url.rstrip("/")}
+        urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        entry: dict[str, Any] = {"url": urls[0]} if len(urls) == 1 else {"servers": urls}
         if token is not None:
             tf = config_dir() / "tokens" / name
             tf.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +101,7 @@ def default_token_file() -> Path | None:
 class Credentials:
     """A server's base URL and the bearer token to call it with."""
 
-    url: str
+    url: str  # one base URL, or several (comma-separated) nodes of one cluster
     token: str | None
 
     @classmethod
@@ -114,7 +117,9 @@ class Credentials:
                     f"unknown context {name!r} (see `sandboxctl config get-contexts`)"
                 )
             entry = ctxs.items[name]
-        url = server or os.environ.get("SANDBOX_URL") or entry.get("url") or DEFAULT_URL
+        servers = entry.get("servers")
+        ctx_url = ",".join(map(str, servers)) if isinstance(servers, list) else entry.get("url")
+        url = server or os.environ.get("SANDBOX_URL") or ctx_url or DEFAULT_URL
         tok = token or os.environ.get("SANDBOX_TOKEN")
         if tok is None and entry.get("token_file"):
             try:
@@ -127,4 +132,4 @@ class Credentials:
             local = default_token_file()
             if local is not None:
                 tok = local.read_text().strip()
-        return cls(url.rstrip("/"), tok)
+        return cls(",".join(u.strip().rstrip("/") for u in url.split(",") if u.strip()), tok)

@@ -30,6 +30,11 @@ class ConnectionFailed(SandboxError):
     """The server could not be reached (refused, DNS, TLS), or the connection broke."""
 
 
+class RedirectRefused(SandboxError):
+    """A server redirected to an origin this client was not given (nor told of as the leader
+    by a node it was given), or redirected too often; the request was not re-sent."""
+
+
 class ApiError(SandboxError):
     """The server refused a request: its status and problem document."""
 

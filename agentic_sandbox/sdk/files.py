@@ -209,6 +209,7 @@ class AsyncFiles(Resource):
         body: Any,
     ) -> Any:
         t = self._t
+        await t.resolve_leader()  # a streamed body cannot be re-sent after a redirect
         try:
             async with t.session.request(
                 method,
@@ -242,6 +243,7 @@ class AsyncFiles(Resource):
     ) -> AsyncIterator[bytes]:
         t = self._t
         params = {"path": remote, "follow_symlinks": follow or None}
+        await t.resolve_leader()
         try:
             async with t.session.get(
                 t.url + self._path(instance_id),

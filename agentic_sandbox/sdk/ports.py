@@ -71,6 +71,7 @@ class Tunnel:
         protocols = [SUBPROTOCOL]
         if t.token:
             protocols.append(f"bearer.{t.token}")
+        await t.resolve_leader()  # a WebSocket cannot follow a follower's 307
         try:
             ws = await t.session.ws_connect(
                 t.ws_url + tunnel_path(instance_id, port),
@@ -82,6 +83,7 @@ class Tunnel:
         except aiohttp.WSServerHandshakeError as exc:
             raise _refusal(exc) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
+            t.forget_leader()
             raise ConnectionFailed(f"cannot open a tunnel to port {port}: {exc}") from None
         return cls(ws, instance_id, port)
 

@@ -121,8 +121,9 @@ async def test_two_servers_one_leader_redirect_and_failover(pg_url: str, tmp_pat
         )
         assert status == 201 and made["token"]
         # anything held in the leader's memory goes there too, GET or not
-        status, headers, _ = request(follower, "GET", "/api/v1/events/stream")
-        assert status == 307 and headers["location"] == leader.url + "/api/v1/events/stream"
+        path = "/api/v2/admin/sessions"
+        status, headers, _ = request(follower, "GET", path)
+        assert status == 307 and headers["location"] == leader.url + path
 
         # a graceful stop hands over: the follower leads at the next term
         assert leader.stop(TIMEOUT) == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from agentic_sandbox.broker.cluster.leadership import ELECTION_KEY, Elector
 from agentic_sandbox.broker.cluster.single import DataDirBusy, DataDirLock, SingleNode
 from agentic_sandbox.broker.cluster.state import LeaderInfo, Leadership, NodeInfo, Role
+from agentic_sandbox.broker.cluster.tail import EventTail
 from agentic_sandbox.broker.store import Fenced
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "DataDirBusy",
     "DataDirLock",
     "Elector",
+    "EventTail",
     "Fenced",
     "LeaderInfo",
     "Leadership",

@@ -144,6 +144,21 @@ def _refusal_verdict(request: web.Request, status: int) -> Verdict:
     return svc.refusals.refuse(key, refusal, limit=principal is None)
 
 
+async def credential_still_valid(request: web.Request) -> bool:
+    """Whether the credential this request came with is still usable (re-read from the store,
+    within the auth cache's few seconds): a follower's long stream asks it now and then,
+    since a revocation on the leader cannot end this node's streams itself."""
+    svc = services(request)
+    header = request.headers.get("Authorization")
+    bearer = header.partition(" ")[2].strip() if header else websocket_bearer(request)
+    if bearer:
+        return await svc.auth.resolve_bearer(bearer) is not None
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if not cookie:
+        return False
+    return await svc.auth.resolve_cookie(cookie) is not None
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     svc = services(request)

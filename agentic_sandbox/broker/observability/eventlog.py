@@ -1,17 +1,16 @@
 """Where events are kept beyond the bus's ring: the `EventLog` protocol and its SQL table.
 
-The bus (`events.py`) allocates each event's `seq`, keeps the newest in a ring and fans them
-out; it hands them to a log in batches, in seq order, and reads older pages back from it. A
-log is the seam several control hosts need: today one process owns the sequence and writes
-the `events` table (`SqlEventLog`, SQLite or PostgreSQL); a leader-held log on PostgreSQL can
-take its place behind the same four calls.
+The bus (`events.py`) numbers each batch, stores it here, and only then keeps it in its ring
+and fans it out; it reads older pages back from here. On PostgreSQL `append` also sends
+`NOTIFY sandbox_events` in the same transaction, so followers' tails (`cluster/tail.py`) read
+the new rows as soon as they are committed.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, func, or_, select, text
 from sqlalchemy.sql.elements import ColumnElement
 
 from agentic_sandbox.broker.observability.event import (
@@ -22,6 +21,8 @@ from agentic_sandbox.broker.observability.event import (
 )
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+
+NOTIFY_CHANNEL = "sandbox_events"  # PostgreSQL: NOTIFY at each commit of events
 
 
 class EventLog(Protocol):
@@ -68,6 +69,10 @@ class SqlEventLog:
             last = batch[-1].seq
             if last % 1000 < len(batch):  # now and then, trim to the retention bound
                 await s.execute(delete(m.Event).where(m.Event.seq <= last - self._retention))
+            if self._db.dialect == "postgresql":  # wakes the followers' tails at commit
+                await s.execute(
+                    text("SELECT pg_notify(:c, :n)"), {"c": NOTIFY_CHANNEL, "n": str(last)}
+                )
 
     async def read(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
         stmt = select(m.Event).where(m.Event.seq > after).order_by(m.Event.seq).limit(limit)

@@ -1,9 +1,16 @@
 """The event bus: one publish API for every part of the server.
 
-Each event gets a monotonic `seq` at publish time (allocated in this process, so fan-out order
-equals seq order and a cursor never skips an event that commits late), lands in a bounded ring
-for fast cursor reads and live subscribers, and is handed to the event log (`eventlog.py`) in
-batches by a write-behind `BatchWriter`. Cursor reads older than the ring come from the log.
+`publish()` hands an event to a write-behind `BatchWriter` and to the in-process listeners
+(metrics, push) at once. The writer's step numbers each batch `last_seq+1…` (the same numbers
+on a retry, since `last_seq` moves only after a commit), stores it in the event log
+(`eventlog.py`), and only then puts it in the bounded ring, offers it to live subscribers and
+advances `last_seq`. So nobody ever sees an event that is not stored (a leader killed before
+its commit leaves nothing a client has seen), and an event dropped by the writer's bound was
+never numbered: the sequence has no hole. Cursor reads older than the ring come from the log.
+
+With several control hosts a follower's bus is on standby: the leader's writer owns the
+sequence, and the follower's tail (`cluster/tail.py`) calls `pull()` to bring what the leader
+stored into the ring and to this node's subscribers. `lead()` takes the sequence over.
 
 Subscribers have bounded queues: one that falls behind is told how many events it missed
 (a `stream.gap` marker) and continues from the ring instead of slowing the publisher.
@@ -12,6 +19,7 @@ Subscribers have bounded queues: one that falls behind is told how many events i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 from collections import deque
@@ -92,6 +100,7 @@ class EventBus:
         ring_size: int = 10_000,
         on_publish: Callable[[Event], None] | None = None,
         standby: bool = False,
+        pending_limit: int | None = None,
     ) -> None:
         self._log = log
         # A follower's bus (several control hosts): the leader owns the sequence, so events
@@ -107,7 +116,7 @@ class EventBus:
         # Events not yet in the log. Past its bound the oldest unwritten ones are dropped
         # (counted in `writer.dropped`, exposed as a metric): publishers never wait.
         self.writer: BatchWriter[Event] = BatchWriter(
-            "event-writer", log.append, limit=max(ring_size * 10, 100_000)
+            "event-writer", self._store, limit=pending_limit or max(ring_size * 10, 100_000)
         )
 
     @property
@@ -120,14 +129,53 @@ class EventBus:
         self.writer.start()
 
     async def lead(self) -> None:
-        """This node now leads: continue the sequence from the log (a no-op for a bus that
-        was never on standby)."""
+        """This node now leads (after the term bump, so no older leader's commit can land):
+        take in what the old leader stored, then continue the sequence from the log (a no-op
+        for a bus that was never on standby). Stop the tail first."""
         if not self.standby:
             return
-        self._seq = await self._log.last_seq()
-        self._ring.clear()
-        self._ring.extend(await self._log.tail(self._ring.maxlen or 0))
+        await self.pull()
+        self._seq = max(self._seq, await self._log.last_seq())
+        if not self._ring or self._ring[-1].seq != self._seq:
+            self._ring.clear()
+            self._ring.extend(await self._log.tail(self._ring.maxlen or 0))
         self.standby = False
+
+    async def pull(self) -> int:
+        """A follower: bring every event stored after `last_seq` into the ring and to the
+        subscribers, in order. Returns how many came."""
+        count = 0
+        while True:
+            page = await self._log.read(self._seq, PAGE, EventFilter())
+            if not page:
+                return count
+            self._ingest(page)
+            count += len(page)
+
+    async def newest(self) -> int:
+        """The newest seq a cursor may name: `last_seq`, or on a follower whatever the log
+        holds already (its tail may be a poll behind the leader)."""
+        if self.standby:
+            return max(self._seq, await self._log.last_seq())
+        return self._seq
+
+    def _ingest(self, stored: list[Event]) -> None:
+        """Stored events, ascending: into the ring, to the subscribers, `last_seq` on."""
+        for ev in stored:
+            if ev.seq <= self._seq:
+                continue  # already here
+            self._ring.append(ev)
+            for sub in tuple(self._subscribers):
+                sub.offer(ev)
+            self._seq = ev.seq
+
+    async def _store(self, batch: list[Event]) -> None:
+        """The writer's step: number the batch after the newest stored event, store it, and
+        only then show it. A failed batch is numbered the same way on its retry."""
+        first = self._seq + 1
+        numbered = [dataclasses.replace(ev, seq=first + i) for i, ev in enumerate(batch)]
+        await self._log.append(numbered)
+        self._ingest(numbered)
 
     def add_listener(self, fn: Callable[[Event], None]) -> None:
         """In-process hooks (metrics, push, …); must not block."""
@@ -147,10 +195,8 @@ class EventBus:
     ) -> Event:
         if not type.startswith(EVENT_TYPE_PREFIXES):
             raise ValueError(f"event type {type!r} is outside the known families")
-        if not self.standby:
-            self._seq += 1
         ev = Event(
-            seq=0 if self.standby else self._seq,
+            seq=0,  # the writer numbers it when it stores it
             type=type,
             time=dt.datetime.now(dt.UTC),
             actor=actor,
@@ -162,11 +208,8 @@ class EventBus:
             owner=owner,
             data=redactor.data(data or {}),
         )
-        if not self.standby:
-            self._ring.append(ev)
+        if not self.standby:  # a follower's own events reach its listeners only
             self.writer.add(ev)
-            for sub in tuple(self._subscribers):
-                sub.offer(ev)
         for fn in self._listeners:
             try:
                 fn(ev)
@@ -190,9 +233,15 @@ class EventBus:
         self._subscribers.discard(sub)
 
     async def query(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
-        """Events with seq > after, oldest first, at most `limit`."""
+        """Events with seq > after, oldest first, at most `limit`. On the leader it waits
+        for what was published before the call to be stored (a caller reads its own events)."""
         if self.standby:
             return await self._log.read(after, limit, flt)
+        if self.writer.pending:
+            try:
+                await self.flush()
+            except Exception:  # the log refuses writes: serve what is stored
+                log.warning("events: reading while the log refuses writes", exc_info=True)
         ring_first = self._ring[0].seq if self._ring else self._seq + 1
         if after + 1 >= ring_first:
             out = []
@@ -202,7 +251,6 @@ class EventBus:
                     if len(out) >= limit:
                         break
             return out
-        await self.flush()  # what the ring has lost must be in the log first
         return await self._log.read(after, limit, flt)
 
     async def follow(

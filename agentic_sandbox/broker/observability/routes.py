@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from typing import Any
@@ -11,12 +12,15 @@ from pydantic import Field, field_validator
 
 from agentic_sandbox.broker.auth.principal import Role
 from agentic_sandbox.broker.config import MetricsAccess
+from agentic_sandbox.broker.http.middleware import credential_still_valid
 from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, current_principal
 from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
 from agentic_sandbox.broker.http.sse import EventStream
 from agentic_sandbox.broker.observability.event import EventFilter
 from agentic_sandbox.broker.services import Services, services
+
+CREDENTIAL_RECHECK_SECONDS = 2.0  # a follower's SSE re-reads its credential this often
 
 api = ApiRoutes()
 
@@ -100,14 +104,16 @@ class EventPage(Output):
     role=Role.viewer,
     summary="Events after a cursor (oldest first, at most 200)",
     tag="events",
+    follower=True,  # the shared log; a follower's tail keeps it current
 )
 async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     svc = services(call.request)
     q = call.query
-    if q.after > svc.events.last_seq:
+    newest = await svc.events.newest()
+    if q.after > newest:
         raise ProblemError(
             400,
-            f"query.after: cursor {q.after} is beyond the newest event ({svc.events.last_seq})",
+            f"query.after: cursor {q.after} is beyond the newest event ({newest})",
             code="invalid-cursor",
             errors=[{"field": "query.after", "message": "cursor beyond newest", "type": "value"}],
         )
@@ -134,6 +140,7 @@ async def list_events(call: Call[NoBody, EventsQuery]) -> EventPage:
     description="Ends with an `event: revoked` frame when the credential that opened it is "
     "revoked (or expires).",
     tag="events",
+    follower=True,  # a follower streams what its tail pulls from the leader's log
 )
 async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
     svc = services(call.request)
@@ -144,16 +151,20 @@ async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
         if not last_id.isdigit():
             raise ProblemError(400, "Last-Event-ID must be an event seq", code="invalid-cursor")
         after = int(last_id)
-    if after > svc.events.last_seq:
+    newest = await svc.events.newest()
+    if after > newest:
         raise ProblemError(
             400,
-            f"cursor {after} is beyond the newest event ({svc.events.last_seq})",
+            f"cursor {after} is beyond the newest event ({newest})",
             code="invalid-cursor",
         )
     who = call.require_principal()
     flt = call.query.filter(None if who.is_admin else who.subject)
     stream = await EventStream.open(request, who)
     gen = svc.events.follow(after, flt, svc.settings.sse_client_queue)
+    watch = None
+    if svc.events.standby:  # a revocation on the leader must end this node's stream too
+        watch = asyncio.create_task(_watch_credential(request, svc, who.credential_keys))
     try:
         async for ev in stream.follow(gen):
             if ev.type == "stream.gap":
@@ -166,9 +177,24 @@ async def stream_events(call: Call[NoBody, StreamQuery]) -> web.StreamResponse:
     except ConnectionError:
         pass  # the client left
     finally:
+        if watch is not None:
+            watch.cancel()
         await stream.close()
         await gen.aclose()
     return stream.response
+
+
+async def _watch_credential(request: web.Request, svc: Services, keys: tuple[str, ...]) -> None:
+    while True:
+        await asyncio.sleep(CREDENTIAL_RECHECK_SECONDS)
+        try:
+            valid = await credential_still_valid(request)
+        except Exception:  # the store is away: the stream's own reads will say so
+            continue
+        if not valid:
+            for key in keys:
+                svc.streams.revoke(key, "the credential was revoked or expired")
+            return
 
 
 # ---- audit ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The EventBus in process, over an EventLog: seq, ring, fan-out, cursor reads beyond the
-ring, follow without gap or duplicate, write-behind to the log. Fast feedback beside the
+"""The EventBus in process, over an EventLog: seq assigned when stored, fan-out only of what
+is stored, ring, cursor reads beyond the ring, follow without gap or duplicate, no hole when
+the writer's bound drops events, a follower's pull and promotion. Fast feedback beside the
 process-level tests in tests/integration/foundation/test_events.py."""
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ async def test_publish_numbers_fans_out_and_persists_in_batches() -> None:
     sub = bus.subscribe(EventFilter(types=("host.*",)))
     for i in range(50):
         bus.publish("host.added" if i % 2 else "instance.created", data={"i": i})
-    assert bus.last_seq == 50
     await bus.flush()
+    assert bus.last_seq == 50
     assert seqs(log.events) == list(range(1, 51))
     assert log.appends < 50  # batched, not one write per event
     got = [await sub.get() for _ in range(25)]
@@ -83,7 +84,9 @@ async def test_start_continues_the_sequence_and_refills_the_ring() -> None:
     again = await started(log, ring_size=10)
     assert again.last_seq == 30
     assert seqs(again.ring_after(0)) == list(range(21, 31))
-    assert again.publish("task.created").seq == 31
+    again.publish("task.created")
+    await again.flush()
+    assert again.last_seq == 31 and log.events[-1].seq == 31
     await again.close()
 
 
@@ -129,6 +132,7 @@ async def test_a_slow_follower_gets_a_gap_marker_then_resumes_from_the_ring() ->
     sub = bus.subscribe(EventFilter(), queue_size=3)
     for _ in range(10):
         bus.publish("image.built")
+    await bus.flush()
     got = [await sub.get() for _ in range(4)]
     assert seqs(got[:3]) == [1, 2, 3]
     assert got[3].type == "stream.gap" and got[3].data["first_missed_seq"] == 4
@@ -206,3 +210,87 @@ async def test_the_sql_log_filters_as_the_ring_does(tmp_path: Path) -> None:
         await again.close()
     finally:
         await db.close()
+
+
+async def test_nobody_sees_an_event_before_the_log_has_stored_it() -> None:
+    log = MemoryLog()
+    log.gate = asyncio.Event()  # the append blocks
+    bus = await started(log)
+    sub = bus.subscribe(EventFilter())
+    bus.publish("instance.created")
+    bus.publish("instance.deleted")
+    getting = asyncio.create_task(sub.get())
+    for _ in range(20):  # the writer runs and waits in append
+        await asyncio.sleep(0)
+    assert not getting.done() and bus.last_seq == 0 and bus.ring_after(0) == []
+    log.gate.set()
+    first = await asyncio.wait_for(getting, 2)
+    assert first.seq == 1 and first.type == "instance.created"
+    assert (await sub.get()).seq == 2 and bus.last_seq == 2
+    assert seqs(log.events) == [1, 2]
+    await bus.close()
+
+
+async def test_events_dropped_by_the_writers_bound_leave_no_hole() -> None:
+    log = MemoryLog()
+    log.gate = asyncio.Event()
+    bus = EventBus(log, pending_limit=10)
+    await bus.start()
+    sub = bus.subscribe(EventFilter(), queue_size=1000)
+    for i in range(40):  # the first batch is in flight; most of the rest is dropped
+        bus.publish("task.created", data={"i": i})
+    await asyncio.sleep(0)
+    assert bus.writer.dropped > 0
+    log.gate.set()
+    await bus.flush()
+    stored = seqs(log.events)
+    assert stored == list(range(1, len(stored) + 1))  # contiguous from 1
+    assert len(stored) == 40 - bus.writer.dropped
+    got = [await sub.get() for _ in range(len(stored))]
+    assert seqs(got) == stored and bus.last_seq == stored[-1]
+    assert log.events[-1].data == {"i": 39}  # the newest survive
+    await bus.close()
+
+
+async def test_a_failed_batch_keeps_its_numbers_and_drops_do_not_renumber_stored() -> None:
+    log = MemoryLog()
+    log.fail = 1
+    bus = EventBus(log, pending_limit=4)
+    await bus.start()
+    for i in range(3):
+        bus.publish("task.created", data={"i": i})
+    with pytest.raises(RuntimeError):
+        await bus.flush()
+    for i in range(3, 8):  # overflows: the oldest waiting (the failed batch) go first
+        bus.publish("task.created", data={"i": i})
+    await bus.flush()
+    assert seqs(log.events) == list(range(1, len(log.events) + 1))
+    assert [e.data["i"] for e in log.events] == list(range(8 - len(log.events), 8))
+    await bus.close()
+
+
+async def test_a_follower_pulls_what_the_leader_stored_then_leads_after_it() -> None:
+    log = MemoryLog()
+    leader = await started(log)
+    follower = EventBus(log, standby=True)
+    await follower.start()
+    sub = follower.subscribe(EventFilter())
+    for _ in range(5):
+        leader.publish("host.added")
+    follower.publish("auth.denied")  # a follower's own event reaches its listeners only
+    await leader.flush()
+    assert follower.last_seq == 0 and await follower.newest() == 5
+    assert await follower.pull() == 5
+    assert seqs([await sub.get() for _ in range(5)]) == [1, 2, 3, 4, 5]
+    for _ in range(3):  # the old leader stores more, then dies
+        leader.publish("host.added")
+    await leader.flush()
+    await follower.lead()  # takes in 6..8 and continues after them
+    assert seqs([await sub.get() for _ in range(3)]) == [6, 7, 8]
+    follower.publish("host.added")
+    await follower.flush()
+    assert seqs(log.events) == list(range(1, 10))
+    assert (await sub.get()).seq == 9
+    assert len([e for e in log.events if e.type == "auth.denied"]) == 0
+    await follower.close()
+    await leader.close()

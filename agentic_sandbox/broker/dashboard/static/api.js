@@ -8,7 +8,8 @@
 //   forbidden    403        not-found 404        conflict 409/412
 //   invalid      400/422 (field errors in `errors`)
 //   rate-limited 429 (`retryAfter` seconds from Retry-After)
-//   unavailable  503 (the fleet or a dependency is not ready; `retryAfter` when sent)
+//   unavailable  503 (the fleet or a dependency is not ready; `retryAfter` when sent); also a
+//                follower's 307, after which the page moves to the leader (followLeader())
 //   server       any other 5xx (`requestId` names the request in the server's log)
 //
 // `err.explain()` is the sentence a view shows; `err.retryable` says whether offering "Retry"
@@ -122,6 +123,7 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
         body: body === undefined ? undefined : JSON.stringify(body),
         credentials: "same-origin",
         cache: "no-store",
+        redirect: "manual", // a follower's 307 to the leader: the page moves, not the call
         signal: deadline.signal,
       });
     } catch (err) {
@@ -129,6 +131,7 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
       const kind = deadline.signal.aborted ? "timeout" : "network";
       throw new ApiError(0, { title: kind, detail: kind === "timeout" ? `no answer within ${Math.round(timeoutMs / 1000)} s` : "the server cannot be reached" }, { kind });
     }
+    if (resp.type === "opaqueredirect") throw await followLeader();
     if (!resp.ok) {
       const err = new ApiError(resp.status, await problemOf(resp), {
         retryAfter: seconds(resp.headers.get("Retry-After")),
@@ -152,6 +155,23 @@ export async function api(path, { method = "GET", body, signal, accept = "json",
     clearTimeout(timer);
     if (signal && !streaming) signal.removeEventListener("abort", onAbort);
   }
+}
+
+/** This node follows another (several control hosts): ask /readyz who leads and open the same
+ * view on the leader's dashboard (the same host keeps the sign-in cookie; another host asks
+ * again). Resolves to the ApiError the interrupted call rejects with. */
+export async function followLeader() {
+  let doc = null;
+  try {
+    const resp = await fetch("/readyz", { credentials: "same-origin", cache: "no-store" });
+    doc = await resp.json();
+  } catch (_) { /* below: nobody named */ }
+  const leader = doc && doc.leader;
+  if (leader && leader.url && new URL(leader.url).origin !== location.origin) {
+    location.assign(leader.url.replace(/\/$/, "") + location.pathname + location.search + location.hash);
+    return new ApiError(307, { title: "moved", detail: `this node follows ${leader.node}; opening its dashboard at ${leader.url}` }, { kind: "unavailable" });
+  }
+  return new ApiError(503, { title: "no leader", detail: "no control host leads right now (an election is under way)" }, { kind: "unavailable", retryAfter: 1 });
 }
 
 /** Send `blob` as the raw body of a PUT (a file upload) and resolve to the parsed JSON answer.
