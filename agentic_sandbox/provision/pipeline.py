@@ -233,7 +233,7 @@ class Provisioner:
         self._bundle: bytes | None = None
         self.console_poll_seconds = 1.0  # how often `enrolling` reads the guest's console
         # past `ready_timeout`, a console silent this long ends the wait (see `ready_limit`)
-        self.console_quiet_seconds = 60.0
+        self.console_quiet_seconds = 120.0
 
     @property
     def seed_dir(self) -> Path:
