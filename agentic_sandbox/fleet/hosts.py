@@ -224,15 +224,24 @@ class HostRegistry(Mapping[str, HostDriver]):
         """Put a local file (base image, kernel, initrd) into hosts' image stores under
         ``name`` (a copy on local hosts, an upload stream to remote ones). Returns the path on
         each host. An existing image is kept unless ``replace`` (never replace a base that
-        overlays still use)."""
+        overlays still use). Without ``host``: every reachable host (a host cut off takes no
+        placements, so a create elsewhere does not wait on it; it gets the image when named)."""
         validate_name(name)
         if not os.path.isabs(path) or not await asyncio.to_thread(os.path.isfile, path):
             raise InvalidRequest(f"image file {path!r} does not exist")
-        targets = [host] if host else sorted(self._hosts)
+        if host:
+            targets = [host]
+        else:
+            targets = [n for n in sorted(self._hosts) if self._hosts[n].reachable]
+            if self._hosts and not targets:
+                raise HostUnavailable("no host is reachable to import into")
         sha256 = await self._source_sha256(path)
         out: dict[str, str] = {}
         for hn in targets:
-            vol = self.host(hn).volumes
+            h = self.host(hn)
+            if not h.reachable:
+                raise HostUnavailable(f"host {hn} is unreachable: {h.reason}")
+            vol = h.volumes
             dest = vol.path("bases", name)
             async with self._image_lock(hn, name):
                 if not replace and await self._has_image(vol, name, dest, sha256):

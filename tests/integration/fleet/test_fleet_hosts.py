@@ -10,6 +10,7 @@ from agentic_sandbox.fleet import (
     Conflict,
     FleetError,
     HostSpec,
+    HostUnavailable,
     InstanceSpec,
     InstanceState,
     NoCapacity,
@@ -74,6 +75,18 @@ async def test_unreachable_host_is_kept_and_not_placed_on(env: Env) -> None:
     assert i.host == "h1" and i.state is InstanceState.RUNNING
     await f.remove_host("down")
     assert [h.spec.name for h in await f.list_hosts()] == ["h1"]
+
+
+async def test_an_image_import_for_any_host_skips_an_unreachable_one(env: Env) -> None:
+    """A create that does not name a host imports its image into every host first: one cut
+    off must not fail it (placement skips that host anyway); naming it says it is unreachable."""
+    f = env.fleet
+    await f.add_host(HostSpec(name="down", uri="qemu+unix:///system?socket=/nonexistent"))
+    out = await f.import_image("img4", str(env.root / "img.qcow2"))
+    assert list(out) == ["h1"]
+    with pytest.raises(HostUnavailable, match="host down is unreachable"):
+        await f.import_image("img4", str(env.root / "img.qcow2"), host="down")
+    await f.remove_host("down")
 
 
 async def test_add_host_is_idempotent(env: Env) -> None:
