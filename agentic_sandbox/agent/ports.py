@@ -20,7 +20,7 @@ import asyncio
 import errno
 import logging
 
-from agentic_sandbox.agent.streams import MAX_FRAME, Stream, StreamRefused
+from agentic_sandbox.agent.streams import BASE_FRAME, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"  # the only address a port stream reaches
 TO_PORT, FROM_PORT = 0, 1
 CONNECT_TIMEOUT = 10.0
-FRAME = MAX_FRAME  # frames of what the port sends: the largest a receiver takes (fewer per byte)
+FRAME = BASE_FRAME  # frames of what the port sends: the largest every receiver takes
 WINDOW = 1024 * 1024  # what the server may send towards the port before credit
 
 

@@ -15,7 +15,9 @@ for the agent's (`open()` here), never reused on a link.
   (a peer that does is cut off: `protocol`), so a slow consumer stalls only its own stream,
   and what one stream buffers is bounded by its windows.
 - **Bounded**: at most `max_streams` streams at once (then `too-many-streams`); a data frame
-  carries at most `CHUNK` bytes (receivers refuse more than `MAX_FRAME`).
+  carries at most `CHUNK` bytes, or up to the peer's `max_frame` for bulk transfers (files):
+  each side's open or accept says the largest frame it takes (`MAX_FRAME` here; 0 from an
+  older peer: `BASE_FRAME`), and a frame larger than ours is refused.
 - **Close**: each side ends with one `StreamClose`, carrying its kind's typed result or an
   error; the agent's close goes after every data frame of that stream. A close from the server
   cancels (the handler ends its work and answers with its own close).
@@ -44,7 +46,8 @@ log = logging.getLogger(__name__)
 
 WINDOW = 256 * 1024  # what this side accepts per channel before any credit
 CHUNK = 32 * 1024  # at most this much data per frame (one frame never hogs the link)
-MAX_FRAME = 64 * 1024  # a peer's data frame larger than this is a protocol error
+BASE_FRAME = 64 * 1024  # what every peer takes (one that does not say its `max_frame`)
+MAX_FRAME = 1024 * 1024  # what we take (our `max_frame`); a larger data frame is a protocol error
 MAX_WINDOW = 16 * 1024 * 1024  # a peer's window or credit is capped here
 MAX_CHANNEL = 15
 
@@ -83,10 +86,14 @@ Opener = Callable[["Stream", pb.StreamOpen], tuple[StreamHandler, pb.StreamAccep
 class Stream:
     """One stream: credit in both directions and what waits to be sent, in order."""
 
-    def __init__(self, table: StreamTable, stream_id: int, peer_window: int) -> None:
+    def __init__(
+        self, table: StreamTable, stream_id: int, peer_window: int, peer_max_frame: int = 0
+    ) -> None:
         self.id = stream_id
         self._table = table
         self._peer_window = min(max(peer_window, 0), MAX_WINDOW)
+        self.max_frame = BASE_FRAME  # the largest data frame the peer takes
+        self._set_max_frame(peer_max_frame)
         # what we grant per channel before any credit; an opener may raise it (up to
         # MAX_WINDOW) for a bulk transfer before the accept goes out
         self.window = table.window
@@ -100,6 +107,9 @@ class Stream:
         self.detached = False  # the link is gone or our close was sent: nothing more goes out
         self.remote_closed = False
         self.accepted = stream_id % 2 == 1  # the server's streams are accepted by opening them
+
+    def _set_max_frame(self, peer_max_frame: int) -> None:
+        self.max_frame = min(max(peer_max_frame, BASE_FRAME), MAX_FRAME)
 
     # ---- sending -----------------------------------------------------------------------------
     def room(self, channel: int) -> int:
@@ -138,6 +148,7 @@ class Stream:
         if self.detached or self._final is not None or self.remote_closed:
             return
         accept.window = self.window
+        accept.max_frame = MAX_FRAME
         self._control.appendleft(pb.StreamFrame(stream_id=self.id, accept=accept))
         self._table.ready_control(self)
 
@@ -310,7 +321,7 @@ class StreamTable:
                 f"this agent serves at most {self.max_streams} streams at once",
             )
             return
-        stream = Stream(self, stream_id, msg.window)
+        stream = Stream(self, stream_id, msg.window, msg.max_frame)
         self._streams[stream_id] = stream
         try:
             handler, accept = opener(stream, msg)
@@ -337,6 +348,7 @@ class StreamTable:
         stream.handler = handler
         self._streams[stream_id] = stream
         msg.window = self.window
+        msg.max_frame = MAX_FRAME
         stream._control.append(pb.StreamFrame(stream_id=stream_id, open=msg))
         self.ready_control(stream)
         return stream
@@ -365,6 +377,7 @@ class StreamTable:
                 self.protocol_errors += 1
                 return
             stream._peer_window = min(max(frame.accept.window, 0), MAX_WINDOW)
+            stream._set_max_frame(frame.accept.max_frame)
             stream.accepted = True
             if stream.handler is not None:
                 try:

@@ -921,6 +921,7 @@ class StreamOpen(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WINDOW_FIELD_NUMBER: _builtins.int
+    MAX_FRAME_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
     FILE_UPLOAD_FIELD_NUMBER: _builtins.int
     FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
@@ -933,6 +934,10 @@ class StreamOpen(_message.Message):
     EGRESS_TRUST_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
+    max_frame: _builtins.int
+    """the largest data frame the opener takes (0: 64 KiB, what every peer takes; bulk transfers
+    send larger frames only to a peer that said so)
+    """
     @_builtins.property
     def exec(self) -> Global___ExecSpec: ...
     @_builtins.property
@@ -959,6 +964,7 @@ class StreamOpen(_message.Message):
         self,
         *,
         window: _builtins.int = ...,
+        max_frame: _builtins.int = ...,
         exec: Global___ExecSpec | None = ...,
         file_upload: Global___FileUpload | None = ...,
         file_download: Global___FileDownload | None = ...,
@@ -972,7 +978,7 @@ class StreamOpen(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "max_frame", b"max_frame", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -985,12 +991,15 @@ class StreamAccept(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WINDOW_FIELD_NUMBER: _builtins.int
+    MAX_FRAME_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
     FILE_DOWNLOAD_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the accepter accepts on each channel it receives, before credit"""
+    max_frame: _builtins.int
+    """the largest data frame the accepter takes (0: 64 KiB)"""
     @_builtins.property
     def exec(self) -> Global___ExecStarted: ...
     @_builtins.property
@@ -1007,6 +1016,7 @@ class StreamAccept(_message.Message):
         self,
         *,
         window: _builtins.int = ...,
+        max_frame: _builtins.int = ...,
         exec: Global___ExecStarted | None = ...,
         file_download: Global___FileInfo | None = ...,
         port: Global___PortConnected | None = ...,
@@ -1014,7 +1024,7 @@ class StreamAccept(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "port", b"port", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "exec", b"exec", "file_download", b"file_download", "info", b"info", "max_frame", b"max_frame", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_info: _TypeAlias = _typing.Literal["exec", "file_download", "port", "egress"]  # noqa: Y015
     _WhichOneofArgType_info: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
@@ -1031,7 +1041,7 @@ class StreamData(_message.Message):
     EOF_FIELD_NUMBER: _builtins.int
     channel: _builtins.int
     data: _builtins.bytes
-    """at most what the receiver granted on this channel, and at most 64 KiB"""
+    """at most what the receiver granted on this channel and its max_frame"""
     eof: _builtins.bool
     """nothing more on this channel after `data` (half-close)"""
     def __init__(

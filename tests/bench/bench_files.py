@@ -12,11 +12,17 @@ agent + this client (from /proc and `os.times`) beside the local copy's MB/s and
 upload includes the agent's fsync and rename; the local copy is fsynced too, so both end on
 disk). Targets (issue 13): >= 100 MB/s to a host agent. The load average at start and end is
 printed (the machine is shared: read absolute numbers with it).
+
+Keystroke during transfer: an interactive session (`cat` in a PTY on the same agent, attached
+over the WebSocket) is typed into while one more upload and one more download run; the echo
+times (p50/p95/max) are reported beside those of the idle session (the link's fairness: a
+keystroke waits behind at most one bulk frame).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import hashlib
 import http.client
@@ -27,8 +33,10 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,9 @@ sys.path.insert(0, str(REPO))
 from tests.support.agents import start_agent  # noqa: E402
 from tests.support.fixtures import TEST_SERVER_ENV  # noqa: E402
 from tests.support.measure import cpu_seconds, own_cpu  # noqa: E402
+from tests.support.ptyclient import PtyClient  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
+from tests.support.sessions import create_session  # noqa: E402
 
 MiB = 1024 * 1024
 BLOCK = MiB
@@ -113,6 +123,55 @@ def local_copy(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
+MAX_KEYS = 2000  # keystrokes typed during one transfer, at most
+
+
+async def _echo(ctl: PtyClient, key: str) -> float:
+    t0 = time.perf_counter()
+    await ctl.send_input(f"{key}\r".encode())
+    await ctl.wait_output(key.encode(), timeout=60)
+    return time.perf_counter() - t0
+
+
+async def _keystrokes(
+    server: ServerProcess, sid: str, transfers: dict[str, Callable[[], object]]
+) -> dict[str, list[float]]:
+    """Echo times of the idle session, then of keystrokes typed while each transfer runs
+    (in a thread; only echoes that came back while it still ran count)."""
+    out: dict[str, list[float]] = {}
+    async with await PtyClient.connect(
+        server.ws_url, sid, server.admin_token, role="control", from_offset=0
+    ) as ctl:
+        out["idle"] = [await _echo(ctl, f"idle-{i}") for i in range(20)]
+        for name, work in transfers.items():
+            thread = threading.Thread(target=work, name=name, daemon=True)
+            thread.start()
+            times: list[float] = []
+            n = 0
+            while thread.is_alive() and n < MAX_KEYS:
+                took = await _echo(ctl, f"{name}-{n:05d}")
+                n += 1
+                if thread.is_alive():
+                    times.append(took)
+                if len(ctl.data) > 1 << 20:  # the search for the echo stays short
+                    ctl.data.clear()
+            await asyncio.to_thread(thread.join, 600)
+            out[name] = times
+    return out
+
+
+def latency(xs: list[float]) -> dict[str, Any]:
+    if not xs:
+        return {"n": 0}
+    q = sorted(xs)
+    return {
+        "n": len(q),
+        "p50_ms": round(statistics.median(q) * 1000, 2),
+        "p95_ms": round(q[min(len(q) - 1, int(0.95 * len(q)))] * 1000, 2),
+        "max_ms": round(q[-1] * 1000, 2),
+    }
+
+
 def summary(size: int, runs: list[Measure]) -> dict[str, Any]:
     mbps = [size / m.seconds / 1e6 for m in runs]
     cpu = [m.cpu / (size / 1e9) for m in runs]
@@ -121,6 +180,12 @@ def summary(size: int, runs: list[Measure]) -> dict[str, Any]:
         "mb_per_s_each": [round(x, 1) for x in mbps],
         "cpu_s_per_gb": round(statistics.median(cpu), 2),
     }
+
+
+def _fmt(lat: dict[str, Any]) -> str:
+    if not lat["n"]:
+        return "none measured"
+    return f"p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms, max {lat['max_ms']} ms (n={lat['n']})"
 
 
 def main() -> int:
@@ -171,6 +236,19 @@ def main() -> int:
         results["upload"] = summary(size, ups)
         results["download"] = summary(size, downs)
         results["local_copy"] = summary(size, copies)
+        sid = create_session(server, "bench-files", ["cat"])
+        keys = asyncio.run(
+            _keystrokes(
+                server,
+                sid,
+                {
+                    "upload": lambda: upload(server, "bench-files", src, remote),
+                    "download": lambda: download(server, "bench-files", remote, tmp / "keys.bin"),
+                },
+            )
+        )
+        results["keystroke_echo"] = {name: latency(xs) for name, xs in keys.items()}
+        server.api("POST", f"/api/v2/admin/sessions/{sid}/kill", {})
         agent.stop()
     finally:
         server.stop()
@@ -202,6 +280,10 @@ def main() -> int:
             f"x{round(down['mb_per_s'] / cp['mb_per_s'], 2)}",
         ),
         ("target (host agent)", ">= 100 MB/s"),
+        *(
+            (f"keystroke echo, {name}", _fmt(lat))
+            for name, lat in results["keystroke_echo"].items()
+        ),
         ("load average start -> end", f"{mach['loadavg_at_start']} -> {mach['loadavg_at_end']}"),
     ]
     width = max(len(r[0]) for r in rows)

@@ -25,12 +25,14 @@ answers with `accept(stream, spec)` and ends with `finish(stream, result)`.
 Bounds: at most `max_streams` per link (`TooManyStreams`); what the agent may send a stream
 is what the stream granted (`window` per channel, credited back a quarter at a time as the
 consumer reads), so one stream buffers at most its window per channel; what the server
-writes waits for credit and is queued one frame per stream at a time. A frame over its
-credit, over 64 KiB, or for a channel out of range ends that stream (`protocol`) — the agent
-is not trusted. Outgoing data is not in the connection's outbox: `outgoing()` sends the
-outbox first (session input, control) and then one stream frame at a time, round robin, so
-keystrokes never queue behind bulk stream data. A link that closes fails every stream at once
-(`StreamLost`): nothing waits forever.
+writes waits for credit (so a stream queues at most what the agent granted it). Data frames
+are at most 64 KiB (`BASE_FRAME`) unless the other side's open or accept says it takes
+larger ones (`max_frame`, up to `MAX_FRAME`: bulk transfers send fewer, larger frames). A
+frame over its credit, over `MAX_FRAME`, or for a channel out of range ends that stream
+(`protocol`) — the agent is not trusted. Outgoing data is not in the connection's outbox:
+`outgoing()` sends the outbox first (session input, control) and then one stream frame at a
+time, round robin, so keystrokes never queue behind more than one bulk stream frame. A link
+that closes fails every stream at once (`StreamLost`): nothing waits forever.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 
 WINDOW = 256 * 1024
 CHUNK = 32 * 1024
-MAX_FRAME = 64 * 1024
+BASE_FRAME = 64 * 1024  # what every peer takes (one that does not say its `max_frame`)
+MAX_FRAME = 1024 * 1024  # what we take (our `max_frame`); a larger data frame is a protocol error
 MAX_WINDOW = 16 * 1024 * 1024
 MAX_CHANNEL = 15
 CANCEL_REAP_SECONDS = 30.0  # a cancelled stream the agent never closes is forgotten after this
@@ -102,13 +105,20 @@ class ServerStream:
     """One stream on a link, as its user sees it."""
 
     def __init__(
-        self, table: LinkStreams, stream_id: int, peer_window: int, window: int = 0
+        self,
+        table: LinkStreams,
+        stream_id: int,
+        peer_window: int,
+        window: int = 0,
+        peer_max_frame: int = 0,
     ) -> None:
         self.id = stream_id
         self._table = table
         self.window = window or table.window  # what we grant per channel before any credit
         self._loop = asyncio.get_running_loop()
         self._peer_window = peer_window
+        self.max_frame = BASE_FRAME  # the largest data frame the agent takes
+        self._set_max_frame(peer_max_frame)
         self._credit: dict[int, int] = {}
         self._credit_event = asyncio.Event()
         self._allowance: dict[int, int] = {}
@@ -152,14 +162,19 @@ class ServerStream:
         self._fail(StreamLost("timeout", message))
         self.cancel("canceled", message)
 
+    def _set_max_frame(self, peer_max_frame: int) -> None:
+        self.max_frame = min(max(peer_max_frame, BASE_FRAME), MAX_FRAME)
+
     # ---- sending ---------------------------------------------------------------------------
     def room(self, channel: int) -> int:
         return self._credit.get(channel, self._peer_window)
 
     async def write(self, channel: int, data: bytes, *, chunk: int = CHUNK) -> None:
         """Send `data` on `channel` as the agent's credit allows, in frames of `chunk` bytes
-        (at most `MAX_FRAME`: bulk transfers use fewer, larger frames)."""
-        chunk = min(chunk, MAX_FRAME)
+        (at most the agent's `max_frame`: bulk transfers use fewer, larger frames). Frames
+        within the credit are queued at once (the credit bounds what a stream queues); the
+        link's writer takes one frame per stream in turn."""
+        chunk = min(chunk, self.max_frame)
         view = memoryview(data)
         while view:
             self._raise_if_done()
@@ -169,13 +184,12 @@ class ServerStream:
                 await self._wait(self._credit_event)
                 continue
             n = min(room, chunk, len(view))
-            self._credit[channel] = room - n  # reserved before waiting for the queue
-            await self._queue(
-                pb.StreamFrame(
-                    stream_id=self.id,
-                    data=pb.StreamData(channel=channel, data=bytes(view[:n])),
-                )
+            self._credit[channel] = room - n
+            part = data if n == len(data) else bytes(view[:n])
+            self._outq.append(
+                pb.StreamFrame(stream_id=self.id, data=pb.StreamData(channel=channel, data=part))
             )
+            self._table._ready(self)
             view = view[n:]
 
     async def end(self, channel: int) -> None:
@@ -304,6 +318,7 @@ class ServerStream:
             if self._accept.done():
                 return "a second accept"
             self._peer_window = min(max(frame.accept.window, 0), MAX_WINDOW)
+            self._set_max_frame(frame.accept.max_frame)
             self._accept.set_result(frame.accept)
             self._credit_event.set()
         elif body == "data":
@@ -399,6 +414,7 @@ class LinkStreams:
         stream = ServerStream(self, sid, 0, min(window, MAX_WINDOW))
         self._streams[sid] = stream
         msg.window = stream.window
+        msg.max_frame = MAX_FRAME
         try:
             self._send_message(pb.ServerMessage(stream=pb.StreamFrame(stream_id=sid, open=msg)))
         except Exception:
@@ -475,7 +491,9 @@ class LinkStreams:
         if len(self._streams) >= self.max_streams:
             refuse("too-many-streams", f"at most {self.max_streams} streams per link")
             return
-        stream = ServerStream(self, sid, min(max(msg.window, 0), MAX_WINDOW))
+        stream = ServerStream(
+            self, sid, min(max(msg.window, 0), MAX_WINDOW), peer_max_frame=msg.max_frame
+        )
         stream._accept.set_result(pb.StreamAccept(window=self.window))
         self._streams[sid] = stream
         task = asyncio.ensure_future(acceptor(stream, spec))
@@ -490,6 +508,7 @@ class LinkStreams:
         """Tell the agent an agent-opened stream is accepted (acceptors call this first)."""
         accept = to_accept(spec)
         accept.window = self.window
+        accept.max_frame = MAX_FRAME
         self._send(pb.StreamFrame(stream_id=stream.id, accept=accept))
 
     def finish(self, stream: ServerStream, result: EgressResult) -> None:

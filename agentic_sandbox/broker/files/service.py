@@ -55,8 +55,8 @@ from agentic_sandbox.broker.services import Services
 log = logging.getLogger(__name__)
 
 ACCEPT_TIMEOUT = 30.0  # the agent answers an open at once; under TCG it can take a while
-WINDOW = 2 * 1024 * 1024  # a download grants this per channel (bulk: fewer credit round trips)
-FRAME = 64 * 1024  # an upload's frames: the largest a receiver takes
+WINDOW = 4 * 1024 * 1024  # a download grants this per channel (bulk: fewer credit round trips)
+FRAME = 256 * 1024  # an upload's frames, when the agent takes them (`ServerStream.max_frame`)
 RESULT_TIMEOUT = 600.0  # after the last byte: fsync and rename of a big file on a slow disk
 DATA_OUT = 1
 #: the agent's refusal codes: HTTP status, problem code
@@ -286,16 +286,26 @@ class FilesService:
         digest = hashlib.sha256()
         total = 0
         done = False
+        parts: list[bytes] = []  # what came since the last write: frames of `FRAME`, not of
+        pending = 0  # whatever size the body's reads happen to have
         try:
             while True:
                 data = await body.readany()
+                if data:
+                    total += len(data)
+                    if total > limit:
+                        raise self._too_large(f"the body passed {limit} bytes")
+                    digest.update(data)
+                    parts.append(data)
+                    pending += len(data)
+                if pending >= FRAME or (pending and not data):
+                    await stream.write(
+                        0, parts[0] if len(parts) == 1 else b"".join(parts), chunk=FRAME
+                    )
+                    parts.clear()
+                    pending = 0
                 if not data:
                     break
-                total += len(data)
-                if total > limit:
-                    raise self._too_large(f"the body passed {limit} bytes")
-                digest.update(data)
-                await stream.write(0, data, chunk=FRAME)
             await stream.end(0)
             ours = digest.digest()
             if expected is not None and ours.hex() != expected.lower():

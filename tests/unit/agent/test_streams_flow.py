@@ -318,6 +318,36 @@ async def test_a_bulk_stream_grants_its_own_window() -> None:
     assert stream.window == big
 
 
+async def test_frames_larger_than_64_kib_go_only_to_a_peer_that_takes_them() -> None:
+    pair = Pair()
+    stream = pair.open()
+    await pair.settle()
+    await stream.accepted()
+    agent_side = pair.handlers[0].stream
+    # both sides of this version say they take MAX_FRAME: each may send that much per frame
+    assert stream.max_frame == server_streams.MAX_FRAME > server_streams.BASE_FRAME
+    assert agent_side.max_frame == agent_streams.MAX_FRAME
+    sent: list[pb.ServerMessage] = []
+    pair.server._send_message = sent.append
+    await stream.write(0, b"y" * WINDOW, chunk=10 * 1024 * 1024)  # the agent's whole window
+    sizes = []
+    while (msg := pair.server.next_message()) is not None:
+        sizes.append(len(msg.stream.data.data))
+    assert sizes == [WINDOW]  # one frame, larger than 64 KiB
+    # a peer that does not say (an older one, max_frame 0) gets 64 KiB frames at most
+    legacy = agent_streams.Stream(pair.agent, 99, 1 << 20, 0)
+    assert legacy.max_frame == agent_streams.BASE_FRAME
+    # and a frame larger than what this side takes is refused, whatever the window
+    too_big = pb.StreamFrame(
+        stream_id=stream.id,
+        data=pb.StreamData(channel=1, data=b"x" * (server_streams.MAX_FRAME + 1)),
+    )
+    pair.server.receive(too_big)
+    with pytest.raises(StreamLost) as info:
+        await stream.closed()
+    assert info.value.code == "protocol"
+
+
 class Failing(Producer):
     def on_data(self, channel: int, data: bytes, eof: bool) -> None:
         raise OSError(107, "Transport endpoint is not connected")
