@@ -19,6 +19,12 @@ benchmarks). Its first request decides what happens:
   header set — replacing whatever the guest sent under that name — and `Connection: close`.
   Every other destination is a plain tunnel, never intercepted.
 
+**Whose run.** The request's `Proxy-Authorization: Basic` (a proxy URL with userinfo,
+`http://run-<token>@…`, which the agent gives each exec) names the run the connection is counted
+to: its login is `outcome.account`, read with aiohttp's `BasicAuth` and never sent upstream
+(it is hop-by-hop). It is accounting only: no header, a malformed one or an unknown token
+decides exactly as any other request (`on_request` is told, once the head is read).
+
 A refusal is an HTTP answer at once (403 denied, 429 over a limit, 502 the upstream could not be
 reached, 400 a request that is not one), with the reason in `X-Egress-Reason` and a line of
 text; never a hang. Bytes are counted as the guest sees them (read from and written to its
@@ -37,6 +43,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import h11
+from aiohttp import BasicAuth
 
 from agentic_sandbox.broker.egress.limits import InstanceLimits
 from agentic_sandbox.broker.egress.policy import Decision, check, deny
@@ -91,6 +98,7 @@ class Outcome:
     address: str = ""
     status: int = 0
     credential: str = ""  # the secret's name, when its header was added (never the value)
+    account: str = ""  # the Proxy-Authorization login (`run-<token>`): whose run, if any
     bytes_up: int = 0  # guest → proxy
     bytes_down: int = 0  # proxy → guest
     started: float = field(default_factory=time.monotonic)
@@ -217,6 +225,7 @@ class TlsPipe:
 
 Config = Callable[[], EgressConfig | None]
 Broker = Callable[[str, int], Awaitable[Brokered | None]]
+OnRequest = Callable[["Outcome"], None]
 Opener = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
@@ -238,8 +247,10 @@ class ProxyConnection:
         limits: InstanceLimits,
         opener: Opener = open_tcp,
         broker: Broker | None = None,
+        on_request: OnRequest | None = None,
     ) -> None:
         self.outcome = Outcome()
+        self._on_request = on_request
         self._pipe = Counted(pipe, self.outcome, limits)
         self._config = config
         self._resolver = resolver
@@ -283,6 +294,9 @@ class ProxyConnection:
             return  # the guest closed before a request: nothing to answer
         method = request.method.decode("ascii", "replace").upper()
         self.outcome.method = method
+        self.outcome.account = _account(request.headers)
+        if self._on_request is not None:
+            self._on_request(self.outcome)
         try:
             host, port, path = _target(method, request.target.decode("ascii", "replace"))
         except BadRequest as exc:
@@ -597,6 +611,18 @@ class ProxyConnection:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+def _account(headers: Sequence[tuple[bytes, bytes]]) -> str:
+    """The login of the request's `Proxy-Authorization: Basic` ("" without a usable one)."""
+    for key, value in headers:
+        if key.lower() == b"proxy-authorization":
+            try:
+                login = BasicAuth.decode(value.decode("latin-1")).login
+            except ValueError:
+                return ""
+            return login[:80] if login.isascii() and login.isprintable() else ""
+    return ""
 
 
 def _end_to_end(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

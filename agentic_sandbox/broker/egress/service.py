@@ -19,6 +19,22 @@ memory only, destroyed when the incarnation ends; sent to the agent at every reg
 the component) and sets the header from the secret's value, read from the vault for that
 connection only. The record names the secret (`credential`), never its value.
 
+**Whose run.** A connection is counted to one run, for that run's egress bytes:
+- an **exec**, when its request names the exec's token: the server mints one per exec
+  (`begin_exec`, a random 128-bit value kept only in memory, for that instance's incarnation),
+  the agent puts it in the exec's proxy URL as userinfo (`http://run-<token>@127.0.0.1:3128`:
+  curl, pip, git and npm send it as `Proxy-Authorization: Basic`, the proxy reads it and never
+  forwards it), and the exec's answer gets the bytes of its connections (`end_exec`, which
+  waits a moment for those whose guest side its exit closed);
+- else the **task run** running on the instance then (`current_run`), as before.
+The proxy on the host cannot see which guest process opened a connection (the guest's tools
+reach the agent's loopback listener, and the agent relays bytes); the token is the run
+telling it, through the one setting every tool already reads. It is accounting only, never a
+permission: a missing, malformed or unknown token (or another instance's) changes no verdict
+and falls back to the task run. A guest can misreport its own runs' bytes this way (a process
+can use another exec's URL), never another instance's; the audit rows stay the per-connection
+truth.
+
 **Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
 ok/denied/failed, the verdict and the rest in its detail) and one event, `egress.allowed`
 (when it ends, with bytes and duration), `egress.denied` or `egress.failed`, counted in
@@ -27,10 +43,13 @@ ok/denied/failed, the verdict and the rest in its detail) and one event, `egress
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import secrets
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -56,6 +75,9 @@ log = logging.getLogger(__name__)
 VERDICTS = ("allowed", "denied", "failed")
 MAX_RUN_BYTES = 10_000  # task runs whose egress bytes are kept (the latest)
 RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
+MAX_EXEC_ACCOUNTS = 10_000  # execs running at once whose connections are counted (the oldest go)
+EXEC_SETTLE_SECONDS = 2.0  # an ended exec waits this long at most for its connections to end
+TOKEN_PREFIX = "run-"
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,23 @@ class Requester:
     incarnation: str
     owner: str = ""
     client: str = ""  # the guest-side peer the agent reports (informational only)
+
+
+@dataclass
+class ExecAccount:
+    """The egress of one exec while it runs: its connections' bytes (up, down) as they end."""
+
+    exec_id: str
+    instance_id: str
+    incarnation: str
+    up: int = 0
+    down: int = 0
+    connections: int = 0  # counted to it so far
+    open: int = 0  # of those, still open
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is open
+
+    def __post_init__(self) -> None:
+        self.settled.set()
 
 
 @dataclass
@@ -106,6 +145,7 @@ class EgressService:
         # bytes (up, down) of the ended connections attributed to each task run, newest last
         self._run_bytes: OrderedDict[str, list[int]] = OrderedDict()
         self._cas: dict[tuple[str, str], IncarnationCA] = {}
+        self._execs: OrderedDict[str, ExecAccount] = OrderedDict()  # by token
         self.upstream = upstream_context(svc.settings.egress_upstream_ca_file)
         svc.metrics.provide_counter(
             "sandbox_egress_connections",
@@ -257,6 +297,52 @@ class EgressService:
         got[0] += up
         got[1] += down
 
+    # ---- execs ----------------------------------------------------------------------------
+    def begin_exec(self, instance_id: str, incarnation: str, exec_id: str) -> str:
+        """A new token for exec `exec_id` of that incarnation: connections that name it are
+        counted to the exec until `end_exec`."""
+        token = secrets.token_hex(16)
+        self._execs[token] = ExecAccount(exec_id, instance_id, incarnation)
+        while len(self._execs) > MAX_EXEC_ACCOUNTS:
+            self._execs.popitem(last=False)
+        return token
+
+    async def end_exec(self, token: str, settle: float = EXEC_SETTLE_SECONDS) -> tuple[int, int]:
+        """Bytes (up, down) of the exec's connections; its token is forgotten. Connections still
+        open wait up to `settle` seconds (the exec's exit closes their guest side; the rest
+        of the relay ends at once); one open longer (a process the exec left running) counts
+        in its audit row only."""
+        account = self._execs.get(token)
+        if account is None:
+            return (0, 0)
+        try:
+            if not account.settled.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(account.settled.wait(), settle)
+        finally:
+            self._execs.pop(token, None)
+        return (account.up, account.down)
+
+    def drop_exec(self, token: str) -> None:
+        """Forget an exec that did not run to its end."""
+        self._execs.pop(token, None)
+
+    def claim_exec(self, who: Requester, login: str) -> ExecAccount | None:
+        """The exec a connection's proxy login names, if it is a live exec of `who` (then the
+        connection is open in its account until `record`)."""
+        if not login.startswith(TOKEN_PREFIX):
+            return None
+        account = self._execs.get(login[len(TOKEN_PREFIX) :])
+        if (
+            account is None
+            or account.instance_id != who.instance_id
+            or account.incarnation != who.incarnation
+        ):
+            return None
+        account.open += 1
+        account.settled.clear()
+        return account
+
     # ---- one connection -----------------------------------------------------------------------
     async def serve(self, pipe: Pipe, who: Requester) -> Outcome:
         """Proxy one guest connection and record it."""
@@ -274,6 +360,12 @@ class EgressService:
         async def broker(host: str, port: int) -> Brokered | None:
             return await self.brokered(who, host, port)
 
+        account: ExecAccount | None = None
+
+        def on_request(out: Outcome) -> None:
+            nonlocal account
+            account = self.claim_exec(who, out.account)
+
         conn = ProxyConnection(
             pipe,
             config=current,
@@ -281,6 +373,7 @@ class EgressService:
             limits=limits,
             opener=self._open,
             broker=broker,
+            on_request=on_request,
         )
         try:
             return await conn.run()
@@ -289,9 +382,15 @@ class EgressService:
                 conn.outcome.detail = f"the guest's side ended: {type(exc).__name__}: {exc}"
             raise
         finally:
-            self.record(who, conn.outcome, run)
+            self.record(who, conn.outcome, run, account)
 
-    def record(self, who: Requester, out: Outcome, run: tuple[str, str] | None = None) -> None:
+    def record(
+        self,
+        who: Requester,
+        out: Outcome,
+        run: tuple[str, str] | None = None,
+        account: ExecAccount | None = None,
+    ) -> None:
         verdict = out.verdict if out.verdict in VERDICTS else "failed"
         self.connections[(verdict, out.reason or "ok")] += 1
         self.bytes["up"] += out.bytes_up
@@ -312,7 +411,15 @@ class EgressService:
         }
         if out.credential:
             detail["credential"] = out.credential  # the secret's name: its header was added
-        if run is not None:
+        if account is not None:  # the exec that named its token: its bytes, not the task's
+            detail["exec_id"] = account.exec_id
+            account.up += out.bytes_up
+            account.down += out.bytes_down
+            account.connections += 1
+            account.open -= 1
+            if account.open <= 0:
+                account.settled.set()
+        elif run is not None:
             detail["task_id"], detail["run_id"] = run
             self._count_for_run(run[1], out.bytes_up, out.bytes_down)
         if out.detail:
@@ -332,6 +439,6 @@ class EgressService:
             actor=f"agent:{who.instance_id}",
             instance_id=who.instance_id,
             owner=who.owner or None,
-            task_id=run[0] if run is not None else None,
+            task_id=run[0] if run is not None and account is None else None,
             data=detail,
         )
