@@ -12,6 +12,7 @@ naming their private addresses explicitly).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 from tests.integration.exec.helpers import processes_with, stream_lines
 from tests.support.agents import AgentProcess, start_agent
+from tests.support.cli import Sandboxctl
 from tests.support.fixtures import unique_id
 from tests.support.netns import NamespaceHost, available, make_cert
 from tests.support.server import ServerProcess, free_port
@@ -395,3 +397,23 @@ def test_a_task_run_reports_its_egress_bytes(stack: Stack) -> None:
         data["bytes_down"],
     ), (usage, data)
     assert usage["network_egress_bytes"] > 0 and usage["network_ingress_bytes"] > 0
+
+
+def test_sandboxctl_exec_json_shows_the_egress_bytes(stack: Stack, tmp_path: Path) -> None:
+    """`sandboxctl instance exec -o json` prints the whole answer, its usage with the egress
+    bytes of the exec's one connection, and exits with the command's status."""
+    stack.put(stack.base_rules())
+    ctl = Sandboxctl(stack.server.url, stack.server.admin_token, tmp_path / "cli")
+    args = ("instance", "exec", stack.instance, "-o", "json", "--")
+    res = ctl(*args, "curl", "-sS", f"http://{ALLOWED}:8080/")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["stdout"]["data"] == "hello from the allowed host\n", out
+    (row,) = exec_connections(stack, out["exec_id"])
+    assert (out["usage"]["network_egress_bytes"], out["usage"]["network_ingress_bytes"]) == (
+        row["bytes_up"],
+        row["bytes_down"],
+    ) and row["bytes_down"] > 0
+    res = ctl(*args, "sh", "-c", "exit 3")
+    assert res.returncode == 3 and json.loads(res.stdout)["exit_code"] == 3, res
+    assert json.loads(res.stdout)["usage"]["network_egress_bytes"] == 0
