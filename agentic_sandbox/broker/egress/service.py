@@ -49,6 +49,7 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,12 @@ class Policy:
         return self.config if self.network == "allowlist" else None
 
 
+def brokered_hosts(policy: Policy | None) -> frozenset[str]:
+    """The destinations the incarnation's CA signs for: its brokered credentials' hosts."""
+    config = policy.effective if policy is not None else None
+    return config.brokered_hosts() if config is not None else frozenset()
+
+
 def config_of(spec: dict[str, Any] | None) -> EgressConfig:
     raw = (spec or {}).get("egress")
     return EgressConfig.model_validate(raw) if isinstance(raw, dict) else EgressConfig()
@@ -146,6 +153,8 @@ class EgressService:
         self._run_bytes: OrderedDict[str, list[int]] = OrderedDict()
         self._cas: dict[tuple[str, str], IncarnationCA] = {}
         self._execs: OrderedDict[str, ExecAccount] = OrderedDict()  # by token
+        # told (instance, incarnation) when a policy change made a new CA (sent to the guest)
+        self.on_new_ca: Callable[[str, str], None] | None = None
         self.upstream = upstream_context(svc.settings.egress_upstream_ca_file)
         svc.metrics.provide_counter(
             "sandbox_egress_connections",
@@ -187,8 +196,14 @@ class EgressService:
     def replace(
         self, instance_id: str, incarnation: str, network: str, config: EgressConfig
     ) -> None:
-        """The instance's new policy, effective for its next connection."""
-        self._policies[instance_id] = Policy(incarnation, network, config)
+        """The instance's new policy, effective for its next connection (and a new CA when
+        the brokered destinations changed: the old one's name constraints do not fit)."""
+        policy = self._policies[instance_id] = Policy(incarnation, network, config)
+        ca = self._cas.get((instance_id, incarnation))
+        if ca is not None and not ca.ended and ca.names != brokered_hosts(policy):
+            self.ca_for(instance_id, incarnation, names=brokered_hosts(policy))
+            if self.on_new_ca is not None:
+                self.on_new_ca(instance_id, incarnation)
         lim = self._limits.get((instance_id, incarnation))
         if lim is not None:
             lim.configure(config.limits.max_connections, config.limits.bandwidth_bytes_per_second)
@@ -204,16 +219,31 @@ class EgressService:
             ca.destroy()
 
     # ---- the incarnation's CA -----------------------------------------------------------------
-    def ca_for(self, instance_id: str, incarnation: str, *, renew: bool = False) -> IncarnationCA:
-        """The incarnation's CA, made on first use (`renew`: a new one when this one is near
-        its end — what a registration asks, since it sends the CA to the guest)."""
+    def ca_for(
+        self,
+        instance_id: str,
+        incarnation: str,
+        *,
+        names: frozenset[str],
+        renew: bool = False,
+    ) -> IncarnationCA:
+        """The incarnation's CA for the brokered destinations `names`, made on first use and
+        again when `names` changed (`renew`: a new one when this one is near its end — what a
+        registration asks, since it sends the CA to the guest)."""
         key = (instance_id, incarnation)
         ca = self._cas.get(key)
-        if ca is None or ca.ended or (renew and not ca.fresh()):
+        if ca is None or ca.ended or ca.names != names or (renew and not ca.fresh()):
             if ca is not None:
                 ca.destroy()
-            ca = self._cas[key] = IncarnationCA(instance_id, incarnation)
+            ca = self._cas[key] = IncarnationCA(instance_id, incarnation, names=names)
         return ca
+
+    async def current_ca(
+        self, instance_id: str, incarnation: str, *, renew: bool = False
+    ) -> IncarnationCA:
+        """The CA for the incarnation's brokered destinations now (what the guest is sent)."""
+        policy = await self.policy(instance_id, incarnation)
+        return self.ca_for(instance_id, incarnation, names=brokered_hosts(policy), renew=renew)
 
     async def brokered(self, who: Requester, host: str, port: int) -> Brokered | None:
         """How to serve a CONNECT to host:port for `who`: None (a plain tunnel) unless the
@@ -232,7 +262,8 @@ class EgressService:
                 "which is not a secret of the instance's owner (any more)",
             )
         try:
-            guest_context = self.ca_for(who.instance_id, who.incarnation).server_context(host)
+            ca = self.ca_for(who.instance_id, who.incarnation, names=brokered_hosts(live))
+            guest_context = ca.server_context(host)
         except CAEnded:
             raise BrokerUnavailable("credential-unavailable", "the incarnation ended") from None
         return Brokered(

@@ -8,8 +8,7 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import cast
 
 import pytest
 from aiohttp import web
@@ -19,8 +18,8 @@ from agentic_sandbox.broker.egress.limits import InstanceLimits
 from agentic_sandbox.broker.egress.proxy import Outcome, ProxyConnection, SocketPipe
 from agentic_sandbox.broker.egress.resolver import HostsFileResolver
 from agentic_sandbox.broker.egress.service import EgressService, Requester
-from agentic_sandbox.broker.services import Services
 from agentic_sandbox.provision.egress_rules import EgressConfig
+from tests.support.egress_service import Recorder, egress_service
 from tests.unit.egress.test_proxy import request
 
 INC = "0b7e3c1e-6a8f-4e5e-9a55-2f3c1d0e9b11"
@@ -108,33 +107,13 @@ async def test_a_login_is_no_permission(tmp_path: Path, upstream: int) -> None:
 
 
 # ---- the service maps tokens to execs ------------------------------------------------------------
-class Recorder:
-    def __init__(self) -> None:
-        self.items: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def record(self, *args: Any, **kw: Any) -> None:
-        self.items.append((args, kw))
-
-    publish = record
-
-    def provide_counter(self, *args: Any) -> None:
-        pass
-
-    provide = provide_counter
-
-
 @pytest.fixture
 def egress(tmp_path: Path) -> EgressService:
-    (tmp_path / "hosts").write_text("")
-    svc = SimpleNamespace(
-        settings=SimpleNamespace(
-            egress_hosts_file=tmp_path / "hosts", egress_upstream_ca_file=None
-        ),
-        metrics=Recorder(),
-        audit=Recorder(),
-        events=Recorder(),
-    )
-    return EgressService(cast(Services, svc))
+    return egress_service(tmp_path)[0]
+
+
+def audit_of(egress: EgressService) -> Recorder:
+    return cast(Recorder, egress.svc.audit)
 
 
 def ended(up: int, down: int) -> Outcome:
@@ -160,7 +139,7 @@ async def test_a_token_names_its_exec_of_its_incarnation_only(egress: EgressServ
     assert await egress.end_exec(other) == (0, 0)
     assert egress.run_bytes("run-1") == (7, 9)  # the exec's bytes are not the task run's too
     assert egress.claim_exec(me, f"run-{token}") is None  # forgotten at its end
-    rows = [kw["detail"] for _, kw in cast(Recorder, egress.svc.audit).items]
+    rows = [kw["detail"] for _, kw in audit_of(egress).items]
     assert rows[0]["exec_id"] == "exec-a" and "run_id" not in rows[0]
     assert rows[1]["run_id"] == "run-1" and "exec_id" not in rows[1]
 
@@ -178,7 +157,7 @@ async def test_the_end_waits_a_moment_for_open_connections(egress: EgressService
     assert held is not None
     assert await egress.end_exec(token, settle=0.05) == (0, 0)
     egress.record(me, ended(5, 5), None, held)  # ends later: recorded, counted nowhere else
-    assert cast(Recorder, egress.svc.audit).items[-1][1]["detail"]["exec_id"] == "exec-c"
+    assert audit_of(egress).items[-1][1]["detail"]["exec_id"] == "exec-c"
 
 
 async def test_dropped_execs_are_forgotten(egress: EgressService) -> None:
