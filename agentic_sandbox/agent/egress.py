@@ -36,13 +36,14 @@ def proxy_env(listen: str, token: str = "") -> dict[str, str]:
     """The proxy variables for the agent's sessions and execs (both spellings).
 
     `token`: the run's egress token from the server (an exec's): the proxy URL carries it as
-    its userinfo (`http://run-<token>@listen`), which curl, pip, git and npm send as
-    `Proxy-Authorization: Basic` with every proxy request, and the server's proxy counts the
+    its userinfo (`http://run:<token>@listen`), which curl, pip, git, npm and Python's urllib
+    send as `Proxy-Authorization: Basic` with every proxy request (urllib only with a password:
+    the token is one), and the server's proxy counts the
     connection to that run. The settings pip, npm and git would otherwise take from the seed's
     files (which carry no token) are given too, as the environment overrides each tool reads.
     Accounting only: the proxy decides the same with or without it.
     """
-    url = f"http://run-{token}@{listen}" if token else f"http://{listen}"
+    url = f"http://run:{token}@{listen}" if token else f"http://{listen}"
     env = {"http_proxy": url, "https_proxy": url, "no_proxy": "localhost,127.0.0.1,::1"}
     env = {**env, **{k.upper(): v for k, v in env.items()}}
     if token:

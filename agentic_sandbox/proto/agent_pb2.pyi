@@ -1249,7 +1249,7 @@ class ExecSpec(_message.Message):
     """channel 0 carries stdin; false: the command reads /dev/null"""
     egress_token: _builtins.str
     """minted by the server for this run: the agent puts it in the run's proxy settings as the
-    userinfo (`http://run-<token>@<egress_listen>`), so the proxy counts the run's connections
+    userinfo (`http://run:<token>@<egress_listen>`), so the proxy counts the run's connections
     to it (accounting only: never a permission). "" or an agent without egress: no token.
     """
     @_builtins.property

@@ -20,10 +20,11 @@ benchmarks). Its first request decides what happens:
   Every other destination is a plain tunnel, never intercepted.
 
 **Whose run.** The request's `Proxy-Authorization: Basic` (a proxy URL with userinfo,
-`http://run-<token>@…`, which the agent gives each exec) names the run the connection is counted
-to: its login is `outcome.account`, read with aiohttp's `BasicAuth` and never sent upstream
-(it is hop-by-hop). It is accounting only: no header, a malformed one or an unknown token
-decides exactly as any other request (`on_request` is told, once the head is read).
+`http://run:<token>@…`, which the agent gives each exec) names the run the connection is
+counted to: the password of login `run` is `outcome.account`, read with aiohttp's
+`BasicAuth` and never sent upstream (it is hop-by-hop). It is accounting only: no header, a
+malformed one or an unknown token decides exactly as any other request (`on_request` is
+told, once the head is read).
 
 A refusal is an HTTP answer at once (403 denied, 429 over a limit, 502 the upstream could not be
 reached, 400 a request that is not one), with the reason in `X-Egress-Reason` and a line of
@@ -55,6 +56,7 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0  # a tunnel or relay with no byte either way for this long ends
 MAX_HEAD = 16 * 1024
 READ_CHUNK = 64 * 1024
+RUN_LOGIN = "run"  # the proxy login whose password is a run's egress token
 MAX_TRIES = 4  # addresses tried per connection (each within CONNECT_TIMEOUT)
 HOP_BY_HOP = frozenset(
     {
@@ -98,7 +100,7 @@ class Outcome:
     address: str = ""
     status: int = 0
     credential: str = ""  # the secret's name, when its header was added (never the value)
-    account: str = ""  # the Proxy-Authorization login (`run-<token>`): whose run, if any
+    account: str = ""  # the run token of its Proxy-Authorization (`run:<token>`), if any
     bytes_up: int = 0  # guest → proxy
     bytes_down: int = 0  # proxy → guest
     started: float = field(default_factory=time.monotonic)
@@ -614,14 +616,18 @@ class ProxyConnection:
 
 
 def _account(headers: Sequence[tuple[bytes, bytes]]) -> str:
-    """The login of the request's `Proxy-Authorization: Basic` ("" without a usable one)."""
+    """The run token of the request's `Proxy-Authorization: Basic run:<token>` ("" without
+    a usable one)."""
     for key, value in headers:
         if key.lower() == b"proxy-authorization":
             try:
-                login = BasicAuth.decode(value.decode("latin-1")).login
+                auth = BasicAuth.decode(value.decode("latin-1"))
             except ValueError:
                 return ""
-            return login[:80] if login.isascii() and login.isprintable() else ""
+            token = auth.password
+            if auth.login != RUN_LOGIN or not (token.isascii() and token.isprintable()):
+                return ""
+            return token[:80]
     return ""
 
 

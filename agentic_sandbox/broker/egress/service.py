@@ -22,10 +22,10 @@ connection only. The record names the secret (`credential`), never its value.
 **Whose run.** A connection is counted to one run, for that run's egress bytes:
 - an **exec**, when its request names the exec's token: the server mints one per exec
   (`begin_exec`, a random 128-bit value kept only in memory, for that instance's incarnation),
-  the agent puts it in the exec's proxy URL as userinfo (`http://run-<token>@127.0.0.1:3128`:
-  curl, pip, git and npm send it as `Proxy-Authorization: Basic`, the proxy reads it and never
-  forwards it), and the exec's answer gets the bytes of its connections (`end_exec`, which
-  waits a moment for those whose guest side its exit closed);
+  the agent puts it in the exec's proxy URL as userinfo (`http://run:<token>@127.0.0.1:3128`:
+  curl, pip, git, npm and urllib send it as `Proxy-Authorization: Basic`, the proxy reads
+  it and never forwards it), and the exec's answer gets the bytes of its connections
+  (`end_exec`, which waits a moment for those whose guest side its exit closed);
 - else the **task run** running on the instance then (`current_run`), as before.
 The proxy on the host cannot see which guest process opened a connection (the guest's tools
 reach the agent's loopback listener, and the agent relays bytes); the token is the run
@@ -78,7 +78,6 @@ MAX_RUN_BYTES = 10_000  # task runs whose egress bytes are kept (the latest)
 RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
 MAX_EXEC_ACCOUNTS = 10_000  # execs running at once whose connections are counted (the oldest go)
 EXEC_SETTLE_SECONDS = 2.0  # an ended exec waits this long at most for its connections to end
-TOKEN_PREFIX = "run-"
 
 
 @dataclass(frozen=True)
@@ -358,12 +357,10 @@ class EgressService:
         """Forget an exec that did not run to its end."""
         self._execs.pop(token, None)
 
-    def claim_exec(self, who: Requester, login: str) -> ExecAccount | None:
-        """The exec a connection's proxy login names, if it is a live exec of `who` (then the
+    def claim_exec(self, who: Requester, token: str) -> ExecAccount | None:
+        """The exec a connection's run token names, if it is a live exec of `who` (then the
         connection is open in its account until `record`)."""
-        if not login.startswith(TOKEN_PREFIX):
-            return None
-        account = self._execs.get(login[len(TOKEN_PREFIX) :])
+        account = self._execs.get(token) if token else None
         if (
             account is None
             or account.instance_id != who.instance_id

@@ -267,7 +267,7 @@ def test_the_agents_commands_get_the_proxy_settings(stack: Stack) -> None:
     plain, tokened = first.split()
     assert plain == tokened and body == "hello from the allowed host", out
     # the exec's own URL: the proxy's address with the exec's token as its userinfo
-    assert re.fullmatch(rf"http://run-[0-9a-f]{{32}}@127\.0\.0\.1:{stack.proxy_port}", plain)
+    assert re.fullmatch(rf"http://run:[0-9a-f]{{32}}@127\.0\.0\.1:{stack.proxy_port}", plain)
 
 
 def exec_connections(stack: Stack, exec_id: str) -> list[dict[str, Any]]:
@@ -343,7 +343,7 @@ def test_an_exec_without_connections_counts_none_of_the_others(stack: Stack) -> 
             time.sleep(0.05)
         after = stack.last_seq()
         assert stack.curl(f"http://{ALLOWED}:8080/")[2].startswith("200")
-        unknown = f"http://run-{'0' * 32}@127.0.0.1:{stack.proxy_port}"
+        unknown = f"http://run:{'0' * 32}@127.0.0.1:{stack.proxy_port}"
         proc = subprocess.run(
             ["curl", "-sS", "--max-time", "20", "--proxy", unknown, f"http://{ALLOWED}:8080/"],
             capture_output=True,

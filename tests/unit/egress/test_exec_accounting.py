@@ -25,8 +25,8 @@ from tests.unit.egress.test_proxy import request
 INC = "0b7e3c1e-6a8f-4e5e-9a55-2f3c1d0e9b11"
 
 
-def basic(login: str) -> str:
-    return "Basic " + base64.b64encode(f"{login}:".encode()).decode()
+def basic(login: str, password: str = "") -> str:
+    return "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
 
 
 # ---- the proxy reads the login and drops the header ----------------------------------------------
@@ -81,15 +81,24 @@ async def proxied(
 async def test_the_login_is_read_and_not_forwarded(tmp_path: Path, upstream: int) -> None:
     allow = [f"up.test:{upstream}", f"127.0.0.1:{upstream}"]
     status, body, out, seen = await proxied(
-        tmp_path, allow, f"http://up.test:{upstream}/", [("Proxy-Authorization", basic("run-ab1"))]
+        tmp_path,
+        allow,
+        f"http://up.test:{upstream}/",
+        [("Proxy-Authorization", basic("run", "ab1"))],
     )
     assert (status, body, out.verdict) == (200, b"via=-", "allowed")
-    assert out.account == "run-ab1" and seen == ["run-ab1"]
+    assert out.account == "ab1" and seen == ["ab1"]
 
 
 @pytest.mark.parametrize(
     "value",
-    ["Basic !!notbase64", "Bearer run-x", "Basic " + base64.b64encode(b"no-colon").decode()],
+    [
+        "Basic !!notbase64",
+        "Bearer run:x",
+        "Basic " + base64.b64encode(b"no-colon").decode(),
+        basic("someone", "ab1"),  # not the run login
+        basic("run", "\x01"),
+    ],
 )
 async def test_a_malformed_login_decides_as_none(tmp_path: Path, upstream: int, value: str) -> None:
     allow = [f"up.test:{upstream}", f"127.0.0.1:{upstream}"]
@@ -101,9 +110,9 @@ async def test_a_malformed_login_decides_as_none(tmp_path: Path, upstream: int, 
 
 async def test_a_login_is_no_permission(tmp_path: Path, upstream: int) -> None:
     status, _, out, seen = await proxied(
-        tmp_path, [], f"http://up.test:{upstream}/", [("Proxy-Authorization", basic("run-ab1"))]
+        tmp_path, [], f"http://up.test:{upstream}/", [("Proxy-Authorization", basic("run", "ab1"))]
     )
-    assert (status, out.verdict, out.reason, seen) == (403, "denied", "not-allowed", ["run-ab1"])
+    assert (status, out.verdict, out.reason, seen) == (403, "denied", "not-allowed", ["ab1"])
 
 
 # ---- the service maps tokens to execs ------------------------------------------------------------
@@ -125,12 +134,11 @@ async def test_a_token_names_its_exec_of_its_incarnation_only(egress: EgressServ
     token = egress.begin_exec("box-1", INC, "exec-a")
     other = egress.begin_exec("box-1", INC, "exec-b")
     assert token != other and len(token) == 32
-    assert egress.claim_exec(Requester("box-2", INC), f"run-{token}") is None  # another instance
-    assert egress.claim_exec(Requester("box-1", "another-incarnation"), f"run-{token}") is None
-    assert egress.claim_exec(me, token) is None  # not the login form
-    assert egress.claim_exec(me, "run-0123") is None  # unknown
+    assert egress.claim_exec(Requester("box-2", INC), token) is None  # another instance
+    assert egress.claim_exec(Requester("box-1", "another-incarnation"), token) is None
+    assert egress.claim_exec(me, "0123") is None  # unknown
     assert egress.claim_exec(me, "") is None
-    account = egress.claim_exec(me, f"run-{token}")
+    account = egress.claim_exec(me, token)
     assert account is not None and account.exec_id == "exec-a"
     egress.record(me, ended(100, 2000), ("task-1", "run-1"), account)
     unclaimed = ended(7, 9)
@@ -138,7 +146,7 @@ async def test_a_token_names_its_exec_of_its_incarnation_only(egress: EgressServ
     assert await egress.end_exec(token) == (100, 2000)
     assert await egress.end_exec(other) == (0, 0)
     assert egress.run_bytes("run-1") == (7, 9)  # the exec's bytes are not the task run's too
-    assert egress.claim_exec(me, f"run-{token}") is None  # forgotten at its end
+    assert egress.claim_exec(me, token) is None  # forgotten at its end
     rows = [kw["detail"] for _, kw in audit_of(egress).items]
     assert rows[0]["exec_id"] == "exec-a" and "run_id" not in rows[0]
     assert rows[1]["run_id"] == "run-1" and "exec_id" not in rows[1]
@@ -147,13 +155,13 @@ async def test_a_token_names_its_exec_of_its_incarnation_only(egress: EgressServ
 async def test_the_end_waits_a_moment_for_open_connections(egress: EgressService) -> None:
     me = Requester("box-1", INC)
     token = egress.begin_exec("box-1", INC, "exec-a")
-    account = egress.claim_exec(me, f"run-{token}")
+    account = egress.claim_exec(me, token)
     loop = asyncio.get_running_loop()
     loop.call_later(0.05, lambda: egress.record(me, ended(10, 20), None, account))
     assert await egress.end_exec(token, settle=10) == (10, 20)
     # one that stays open past the settle time counts in its audit row only
     token = egress.begin_exec("box-1", INC, "exec-c")
-    held = egress.claim_exec(me, f"run-{token}")
+    held = egress.claim_exec(me, token)
     assert held is not None
     assert await egress.end_exec(token, settle=0.05) == (0, 0)
     egress.record(me, ended(5, 5), None, held)  # ends later: recorded, counted nowhere else
@@ -163,12 +171,12 @@ async def test_the_end_waits_a_moment_for_open_connections(egress: EgressService
 async def test_dropped_execs_are_forgotten(egress: EgressService) -> None:
     token = egress.begin_exec("box-1", INC, "exec-a")
     egress.drop_exec(token)
-    assert egress.claim_exec(Requester("box-1", INC), f"run-{token}") is None
+    assert egress.claim_exec(Requester("box-1", INC), token) is None
 
 
 def test_the_agent_puts_the_token_in_every_proxy_setting() -> None:
     env = proxy_env("127.0.0.1:3128", "ab12")
-    url = "http://run-ab12@127.0.0.1:3128"
+    url = "http://run:ab12@127.0.0.1:3128"
     for key in ("http_proxy", "HTTPS_PROXY", "PIP_PROXY", "npm_config_https_proxy"):
         assert env[key] == url, key
     assert (env["GIT_CONFIG_KEY_0"], env["GIT_CONFIG_VALUE_0"]) == ("http.proxy", url)
