@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
 from agentic_sandbox.agent.streams import CHUNK, Stream, StreamRefused, StreamTable
@@ -28,11 +29,33 @@ UNAVAILABLE = (
 )
 
 
-def proxy_env(listen: str) -> dict[str, str]:
-    """The proxy variables for the agent's sessions and execs (both spellings)."""
-    url = f"http://{listen}"
+TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def proxy_env(listen: str, token: str = "") -> dict[str, str]:
+    """The proxy variables for the agent's sessions and execs (both spellings).
+
+    `token`: the run's egress token from the server (an exec's): the proxy URL carries it as
+    its userinfo (`http://run:<token>@listen`), which curl, pip, git, npm and Python's urllib
+    send as `Proxy-Authorization: Basic` with every proxy request (urllib only with a password:
+    the token is one), and the server's proxy counts the
+    connection to that run. The settings pip, npm and git would otherwise take from the seed's
+    files (which carry no token) are given too, as the environment overrides each tool reads.
+    Accounting only: the proxy decides the same with or without it.
+    """
+    url = f"http://run:{token}@{listen}" if token else f"http://{listen}"
     env = {"http_proxy": url, "https_proxy": url, "no_proxy": "localhost,127.0.0.1,::1"}
-    return {**env, **{k.upper(): v for k, v in env.items()}}
+    env = {**env, **{k.upper(): v for k, v in env.items()}}
+    if token:
+        env |= {
+            "PIP_PROXY": url,
+            "npm_config_proxy": url,
+            "npm_config_https_proxy": url,
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "http.proxy",
+            "GIT_CONFIG_VALUE_0": url,
+        }
+    return env
 
 
 class EgressConnection(asyncio.Protocol):

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
+from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.cgroups import (
     BudgetRefused,
     Cgroups,
@@ -78,6 +79,7 @@ class ExecContext:
     default_user: str = ""
     # on top of the user's basic environment, under the request's (the egress proxy settings)
     base_env: dict[str, str] = field(default_factory=dict)
+    egress_listen: str = ""  # the guest's egress proxy listener ("": none)
 
 
 def _account(name: str) -> pwd.struct_passwd:
@@ -297,6 +299,9 @@ class ExecRun:
             raise StreamRefused("bad-cwd", f"working directory {cwd!r} does not exist", "cwd")
         env = _base_env(user)
         env.update(ctx.base_env)
+        if ctx.egress_listen and agent_egress.TOKEN.fullmatch(spec.egress_token):
+            # the run's own proxy URL: its connections are counted to it (its egress bytes)
+            env.update(agent_egress.proxy_env(ctx.egress_listen, spec.egress_token))
         env.update(spec.env)
         try:
             cg = ctx.cgroups.create(f"exec-{stream.id}", spec.budget)

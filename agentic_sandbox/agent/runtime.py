@@ -183,7 +183,9 @@ class AgentRuntime:
     def _open_exec(
         self, stream: Stream, msg: pb.StreamOpen
     ) -> tuple[StreamHandler, pb.StreamAccept]:
-        ctx = ExecContext(self.cgroups, self.cfg.default_user, self.proxy_env)
+        ctx = ExecContext(
+            self.cgroups, self.cfg.default_user, self.proxy_env, self.cfg.egress_listen
+        )
         return ExecRun.open(ctx, stream, msg)
 
     def _open_file(

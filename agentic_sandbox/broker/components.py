@@ -41,6 +41,7 @@ def build_components(svc: Services) -> list[Component]:
     # egress streams from agents: bound to each link as it attaches
     egress = EgressComponent(svc, agent_link.registry)
     tasks.service.use_egress_bytes(egress.service.run_bytes)  # a run's network_egress_bytes
+    execs.service.use_egress(egress.service)  # an exec's network_egress_bytes
     return [
         sessions,
         agent_link,

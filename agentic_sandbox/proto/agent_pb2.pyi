@@ -1250,12 +1250,18 @@ class ExecSpec(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
+    EGRESS_TOKEN_FIELD_NUMBER: _builtins.int
     cwd: _builtins.str
     """default: the user's home"""
     user: _builtins.str
     """default: the agent's default user"""
     stdin: _builtins.bool
     """channel 0 carries stdin; false: the command reads /dev/null"""
+    egress_token: _builtins.str
+    """minted by the server for this run: the agent puts it in the run's proxy settings as the
+    userinfo (`http://run:<token>@<egress_listen>`), so the proxy counts the run's connections
+    to it (accounting only: never a permission). "" or an agent without egress: no token.
+    """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """run as is: no shell unless argv names one"""
@@ -1275,10 +1281,11 @@ class ExecSpec(_message.Message):
         user: _builtins.str = ...,
         stdin: _builtins.bool = ...,
         budget: Global___Budget | None = ...,
+        egress_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "budget", b"budget", "cwd", b"cwd", "env", b"env", "stdin", b"stdin", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "budget", b"budget", "cwd", b"cwd", "egress_token", b"egress_token", "env", b"env", "stdin", b"stdin", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -178,7 +178,10 @@ def proxy_files(url: str) -> list[dict[str, Any]]:
     """An `allowlist` guest's proxy settings: the environment for logins (the agent gives its
     sessions and execs the same from its `egress_listen`), and apt's, pip's, npm's and git's."""
     env = "".join(f"{k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
-    profile = "".join(f"export {k}={v}\n" for k, v in sorted(proxy_environment(url).items()))
+    # a login shell keeps the proxy it was given (an exec's carries its egress token)
+    profile = "".join(
+        f'export {k}="${{{k}:-{v}}}"\n' for k, v in sorted(proxy_environment(url).items())
+    )
     return [
         {"path": "/etc/environment", "content": env, "append": True, "permissions": "0644"},
         {"path": "/etc/profile.d/egress-proxy.sh", "content": profile, "permissions": "0644"},

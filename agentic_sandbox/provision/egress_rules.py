@@ -354,6 +354,11 @@ class EgressConfig(BaseModel):
                 seen[dest] = i
         return value
 
+    def brokered_hosts(self) -> frozenset[str]:
+        """The host names and address literals its credentials are for (what the
+        incarnation's CA may sign for)."""
+        return frozenset(parse_rule(d).host for c in self.credentials for d in c.destinations)
+
     def credential_for(self, host: str, port: int) -> BrokeredCredential | None:
         """The brokered credential of this destination, if it has one."""
         return next((c for c in self.credentials if c.serves(host, port)), None)

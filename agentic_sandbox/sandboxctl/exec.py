@@ -5,6 +5,11 @@ writes its stdout and stderr to this terminal's own streams as they come (exact 
 the route is asked for base64). The exit status is the command's (128 + N when signal N ended
 it); when a budget ended it, the reason is said on stderr. `--stdin` sends this process's
 standard input (up to the server's limit) to the command.
+
+With `-o json|yaml` the command runs through the JSON route instead and its whole answer is
+printed when it ends (stdout and stderr as text, up to the server's limits; exit code,
+reason, duration, usage — with its egress bytes — and budget); the exit status is still the
+command's.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import sys
 from typing import Any
 
 from agentic_sandbox.sandboxctl.exits import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+from agentic_sandbox.sandboxctl.output import emit
 from agentic_sandbox.sandboxctl.parsing import kv
 from agentic_sandbox.sdk import AsyncClient
+from agentic_sandbox.sdk.fleet import ExecOptions
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
@@ -49,20 +56,23 @@ def exit_status(line: dict[str, Any]) -> int:
 async def instance_exec(c: AsyncClient, a: argparse.Namespace) -> int:
     if not a.command:
         raise CliError("give the command after --: instance exec ID -- CMD ARGS…", EXIT_USAGE)
+    options: ExecOptions = {
+        "stdin": sys.stdin.buffer.read() if a.stdin else None,
+        "env": kv(a.env or [], "--env"),
+        "cwd": a.cwd,
+        "user": a.user,
+        "timeout_seconds": a.timeout,
+        "memory_mib": a.memory,
+        "cpus": a.cpus,
+        "pids": a.pids,
+        "output_bytes": a.output_bytes,
+    }
+    if getattr(a, "output", "table") in ("json", "yaml"):
+        answer = (await c.instances.exec(a.id, a.command, **options)).to_dict()
+        emit(answer, a.output)
+        return exit_status(answer)
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    lines = c.instances.exec_stream(
-        a.id,
-        a.command,
-        stdin=sys.stdin.buffer.read() if a.stdin else None,
-        env=kv(a.env or [], "--env"),
-        cwd=a.cwd,
-        user=a.user,
-        timeout_seconds=a.timeout,
-        memory_mib=a.memory,
-        cpus=a.cpus,
-        pids=a.pids,
-        output_bytes=a.output_bytes,
-    )
+    lines = c.instances.exec_stream(a.id, a.command, **options)
     async for line in lines:
         kind = line.get("type")
         if kind in ("stdout", "stderr"):

@@ -219,23 +219,71 @@ def _egress_view(policy: Egress) -> dict[str, Any]:
             "max_connections": policy.limits.max_connections,
             "bandwidth_bytes_per_second": policy.limits.bandwidth_bytes_per_second or "no limit",
         },
+        "credentials": [
+            {
+                "secret": cred.secret,
+                "destinations": ", ".join(cred.destinations),
+                "header": cred.header,
+                "format": cred.format,
+            }
+            for cred in policy.credentials
+        ]
+        or "none",
     }
 
 
-def _bad_rules(exc: ValidationFailed, given: list[str], at: str = "body.allow") -> CliError:
-    """The server's refusal of a rule (at `at`.N), with the `--allow` it came from named."""
+CREDENTIAL_FORM = "SECRET=HOST:PORT[,HOST:PORT…][,header=NAME][,format=TEXT]"
+
+
+def parse_credential(text: str) -> dict[str, Any]:
+    """`--credential SECRET=HOST:PORT[,HOST:PORT…][,header=NAME][,format=TEXT]` as the API's
+    `{secret, destinations, header, format}` (`format=` last: it takes the rest, commas and
+    all). The server validates the parts; this only splits them."""
+    secret, sep, rest = text.partition("=")
+    if not sep or not secret or not rest:
+        raise CliError(f"--credential {text!r}: expected {CREDENTIAL_FORM}", EXIT_USAGE)
+    out: dict[str, Any] = {"secret": secret, "destinations": []}
+    head, fmt_sep, fmt = rest.partition(",format=")
+    if rest.startswith("format="):
+        head, fmt_sep, fmt = "", "=", rest.removeprefix("format=")
+    if fmt_sep:
+        out["format"] = fmt
+    for part in filter(None, head.split(",")):
+        if part.startswith("header="):
+            out["header"] = part.removeprefix("header=")
+        else:
+            out["destinations"].append(part)
+    if not out["destinations"]:
+        raise CliError(
+            f"--credential {text!r}: no HOST:PORT (expected {CREDENTIAL_FORM})", EXIT_USAGE
+        )
+    return out
+
+
+def _bad_rules(
+    exc: ValidationFailed,
+    given: list[str],
+    at: str = "body.allow",
+    credentials: list[str] | None = None,
+) -> CliError:
+    """The server's refusal of a rule (at `at`.N) or a credential (`body.credentials.N`), with
+    the `--allow` or `--credential` it came from named."""
     lines, named = [], 0
-    prefix = at.split(".")
+    sources = [(at.split("."), "--allow", given)]
+    if credentials is not None:
+        sources.append((["body", "credentials"], "--credential", credentials))
     for field, message in exc.fields.items():
         parts = field.split(".")
-        n = len(prefix)
-        if len(parts) > n and parts[:n] == prefix and parts[n].isdigit():
-            index = int(parts[n])
-            if index < len(given):
-                lines.append(f"--allow {given[index]!r} ({field}): {message}")
-                named += 1
-                continue
-        lines.append(f"{field}: {message}")
+        for prefix, flag, texts in sources:
+            n = len(prefix)
+            if len(parts) > n and parts[:n] == prefix and parts[n].isdigit():
+                index = int(parts[n])
+                if index < len(texts):
+                    lines.append(f"{flag} {texts[index]!r} ({field}): {message}")
+                    named += 1
+                    break
+        else:
+            lines.append(f"{field}: {message}")
     if not lines or named < len(lines):  # something besides the rules: the server's words too
         return CliError(str(exc), EXIT_INVALID, exc.problem)
     return CliError("\n".join(lines), EXIT_INVALID, exc.problem)
@@ -243,9 +291,19 @@ def _bad_rules(exc: ValidationFailed, given: list[str], at: str = "body.allow") 
 
 async def instance_egress(c: AsyncClient, a: argparse.Namespace) -> None:
     limit_given = a.max_connections is not None or a.bandwidth is not None
+    creds_given = a.credential is not None or a.clear_credentials
     changing = a.allow is not None or a.clear or a.network is not None or limit_given
-    if not changing:
+    if a.credential and a.clear_credentials:
+        raise CliError("--clear-credentials and --credential are each other's opposite", EXIT_USAGE)
+    credentials = [parse_credential(t) for t in a.credential or []] if creds_given else None
+    if not changing and not creds_given:
         policy = await c.instances.egress(a.id)
+    elif not changing:  # the credentials only: the rules stay as they are
+        rules = [r.text for r in (await c.instances.egress(a.id)).allow]
+        try:
+            policy = await c.instances.set_egress(a.id, rules, credentials=credentials)
+        except ValidationFailed as exc:
+            raise _bad_rules(exc, [], credentials=list(a.credential or [])) from None
     else:
         if a.allow is None and not a.clear:
             raise CliError(
@@ -268,9 +326,11 @@ async def instance_egress(c: AsyncClient, a: argparse.Namespace) -> None:
             }
         given = list(a.allow or [])
         try:
-            policy = await c.instances.set_egress(a.id, given, network=a.network, limits=limits)
+            policy = await c.instances.set_egress(
+                a.id, given, network=a.network, limits=limits, credentials=credentials
+            )
         except ValidationFailed as exc:
-            raise _bad_rules(exc, given) from None
+            raise _bad_rules(exc, given, credentials=list(a.credential or [])) from None
     emit(_egress_view(policy) if a.output == "table" else doc(policy), a.output)
 
 
@@ -554,6 +614,17 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--max-connections", type=int, help="connections at once (with a change)")
     v.add_argument(
         "--bandwidth", type=int, help="bytes per second each way, 0 for no limit (with a change)"
+    )
+    v.add_argument(
+        "--credential",
+        action="append",
+        metavar=CREDENTIAL_FORM,
+        help="a brokered credential: the proxy sets header NAME (default Authorization) to "
+        "TEXT (default 'Bearer {value}', {value} the secret's) on TLS requests to those "
+        "destinations (repeatable; replaces all the credentials; alone it keeps the rules)",
+    )
+    v.add_argument(
+        "--clear-credentials", action="store_true", help="remove every brokered credential"
     )
     v = verb(g, "exec", instance_exec, "run a command on the instance (after --), no shell")
     exec_arguments(v)

@@ -194,6 +194,8 @@ class ExecUsage(ApiModel):
     cpu_seconds: float = 0.0
     peak_memory_bytes: int = 0
     output_bytes: int = 0
+    network_egress_bytes: int = 0  # bytes its egress proxy connections sent (allowlist guests)
+    network_ingress_bytes: int = 0  # and received
 
 
 class ExecBudget(ApiModel):

@@ -48,6 +48,7 @@ class ExecSpec:
     user: str = ""
     stdin: bool = False  # channel 0 carries stdin
     budget: BudgetSpec = field(default_factory=BudgetSpec)
+    egress_token: str = ""  # the run's proxy userinfo (accounting of its egress bytes)
 
 
 @dataclass(slots=True)
@@ -292,6 +293,7 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
                 user=spec.user,
                 stdin=spec.stdin,
                 budget=b.to_pb(),
+                egress_token=spec.egress_token,
             )
         )
     if isinstance(spec, FileUpload):

@@ -9,7 +9,10 @@ and rebuilds it (`update-ca-certificates`), and its close says so — recorded a
 `egress.ca.installed` (or `egress.ca.failed`) with the CA's SHA-256 fingerprint. The seed never
 carries it: a clone or a warm-pool member boots from another guest's memory and then enrolls as
 a new incarnation (a new CA), and a server restart makes a new CA too (it lives in memory only);
-each of those is a new registration, so each gets the CA that is current.
+each of those is a new registration, so each gets the CA that is current. A credential change
+that changes the brokered destinations makes a new CA (its name constraints name them), sent to
+the connected guest at once the same way; until the guest has installed it (the event), a
+brokered connection fails the guest's TLS check rather than reach the destination unbrokered.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class EgressComponent:
         self.service = EgressService(svc)
         registry.stream_acceptors["egress"] = self._accept
         registry.listeners.append(self._on_agent)
+        self.registry = registry
+        self.service.on_new_ca = self._new_ca
         svc.incarnations.on_end("egress", self._ended)
         self._pushes: set[asyncio.Task[None]] = set()
 
@@ -92,8 +97,15 @@ class EgressComponent:
         self._pushes.add(task)
         task.add_done_callback(self._pushes.discard)
 
+    def _new_ca(self, instance_id: str, incarnation: str) -> None:
+        """A credential change made a new CA: to the guest now (not at its next registration)."""
+        conn = self.registry.get(instance_id)
+        if conn is None or conn.incarnation != incarnation or not conn.ready:
+            return  # its next registration sends the current one
+        self._on_agent(conn, "registered")
+
     async def _push_trust(self, conn: AgentConnection) -> None:
-        ca = self.service.ca_for(conn.instance_id, conn.incarnation, renew=True)
+        ca = await self.service.current_ca(conn.instance_id, conn.incarnation, renew=True)
         data: dict[str, object] = {
             "incarnation": conn.incarnation,
             "link_id": conn.id,

@@ -7,7 +7,14 @@ library's `ssl` speaks TLS; nothing here is hand-written crypto).
   OpenSSL through an anonymous memory file, `memfd_create`, closed at once). Its subject names
   the instance and its incarnation (`OU=incarnation <uuid>`, and a URI SAN
   `urn:agentic-sandbox:incarnation:<uuid>` as the agent certificates have); it is a CA for leaf
-  certificates only (`pathlen:0`, `keyCertSign`). It ends with the incarnation (`destroy`:
+  certificates only (`pathlen:0`, `keyCertSign`), and only for the instance's brokered
+  destinations: a critical **name constraint** permits exactly their host names (as DNS
+  names: the name and the names under it, RFC 5280) and address literals (as single-address
+  IP subtrees), so its key, were it stolen, mints nothing a client trusts for any other name;
+  with no destination of a kind it permits the reserved `invalid` name / the single address
+  `0.0.0.0` (a permitted subtree of each kind is what makes the kind constrained at all). A
+  credential change that changes the set of destinations makes a new CA (the service does,
+  and the component sends it to the guest at once). It ends with the incarnation (`destroy`:
   the key and every context are dropped, a later use raises `CAEnded`) and is valid for
   `CA_LIFETIME` at most (a fresh one is made, and sent to the guest at its next registration,
   when less than `CA_RENEW_BEFORE` is left). A server restart makes a new one too: the agent
@@ -28,6 +35,7 @@ import ipaddress
 import os
 import ssl
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 from cryptography import x509
@@ -61,14 +69,50 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
+def _leaf_subject(host: str) -> x509.Name:
+    """CN = the name; an address literal's leaf has no CN (OpenSSL checks a CN that looks like a
+    DNS name, as "10.9.0.2" does, against the DNS name constraints when there is no DNS SAN)."""
+    if isinstance(_san(host), x509.IPAddress):
+        return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "agentic-sandbox egress")])
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])])
+
+
+NOTHING_DNS = "invalid"  # RFC 6761: never a real name
+NOTHING_IP = ipaddress.ip_network("0.0.0.0/32")
+
+
+def name_constraints(names: Iterable[str]) -> x509.NameConstraints:
+    """Permitted subtrees of exactly `names` (host names and address literals)."""
+    dns: list[x509.GeneralName] = []
+    ips: list[x509.GeneralName] = []
+    for name in sorted(set(names)):
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            dns.append(x509.DNSName(name))
+            continue
+        ips.append(x509.IPAddress(ipaddress.ip_network(address)))  # /32 or /128
+    return x509.NameConstraints(
+        permitted_subtrees=(dns or [x509.DNSName(NOTHING_DNS)])
+        + (ips or [x509.IPAddress(NOTHING_IP)]),
+        excluded_subtrees=None,
+    )
+
+
 class IncarnationCA:
     """The egress proxy's CA of one incarnation (see the module's doc)."""
 
     def __init__(
-        self, instance_id: str, incarnation: str, *, now: dt.datetime | None = None
+        self,
+        instance_id: str,
+        incarnation: str,
+        *,
+        names: Iterable[str],
+        now: dt.datetime | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.incarnation = incarnation
+        self.names = frozenset(names)  # the only names its leaves are valid for
         start = now or dt.datetime.now(dt.UTC)
         self._key: ec.EllipticCurvePrivateKey | None = ec.generate_private_key(ec.SECP256R1())
         self._leaf_key: ec.EllipticCurvePrivateKey | None = ec.generate_private_key(ec.SECP256R1())
@@ -113,6 +157,7 @@ class IncarnationCA:
                 ),
                 critical=False,
             )
+            .add_extension(name_constraints(self.names), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(self._key, hashes.SHA256())
         )
@@ -150,7 +195,7 @@ class IncarnationCA:
         public = self._leaf_key.public_key()
         return (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])]))
+            .subject_name(_leaf_subject(host))
             .issuer_name(self.name)
             .public_key(public)
             .serial_number(x509.random_serial_number())

@@ -19,6 +19,13 @@ benchmarks). Its first request decides what happens:
   header set — replacing whatever the guest sent under that name — and `Connection: close`.
   Every other destination is a plain tunnel, never intercepted.
 
+**Whose run.** The request's `Proxy-Authorization: Basic` (a proxy URL with userinfo,
+`http://run:<token>@…`, which the agent gives each exec) names the run the connection is
+counted to: the password of login `run` is `outcome.account`, read with aiohttp's
+`BasicAuth` and never sent upstream (it is hop-by-hop). It is accounting only: no header, a
+malformed one or an unknown token decides exactly as any other request (`on_request` is
+told, once the head is read).
+
 A refusal is an HTTP answer at once (403 denied, 429 over a limit, 502 the upstream could not be
 reached, 400 a request that is not one), with the reason in `X-Egress-Reason` and a line of
 text; never a hang. Bytes are counted as the guest sees them (read from and written to its
@@ -37,6 +44,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import h11
+from aiohttp import BasicAuth
 
 from agentic_sandbox.broker.egress.limits import InstanceLimits
 from agentic_sandbox.broker.egress.policy import Decision, check, deny
@@ -48,6 +56,7 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0  # a tunnel or relay with no byte either way for this long ends
 MAX_HEAD = 16 * 1024
 READ_CHUNK = 64 * 1024
+RUN_LOGIN = "run"  # the proxy login whose password is a run's egress token
 MAX_TRIES = 4  # addresses tried per connection (each within CONNECT_TIMEOUT)
 HOP_BY_HOP = frozenset(
     {
@@ -91,6 +100,7 @@ class Outcome:
     address: str = ""
     status: int = 0
     credential: str = ""  # the secret's name, when its header was added (never the value)
+    account: str = ""  # the run token of its Proxy-Authorization (`run:<token>`), if any
     bytes_up: int = 0  # guest → proxy
     bytes_down: int = 0  # proxy → guest
     started: float = field(default_factory=time.monotonic)
@@ -217,6 +227,7 @@ class TlsPipe:
 
 Config = Callable[[], EgressConfig | None]
 Broker = Callable[[str, int], Awaitable[Brokered | None]]
+OnRequest = Callable[["Outcome"], None]
 Opener = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
@@ -238,8 +249,10 @@ class ProxyConnection:
         limits: InstanceLimits,
         opener: Opener = open_tcp,
         broker: Broker | None = None,
+        on_request: OnRequest | None = None,
     ) -> None:
         self.outcome = Outcome()
+        self._on_request = on_request
         self._pipe = Counted(pipe, self.outcome, limits)
         self._config = config
         self._resolver = resolver
@@ -283,6 +296,9 @@ class ProxyConnection:
             return  # the guest closed before a request: nothing to answer
         method = request.method.decode("ascii", "replace").upper()
         self.outcome.method = method
+        self.outcome.account = _account(request.headers)
+        if self._on_request is not None:
+            self._on_request(self.outcome)
         try:
             host, port, path = _target(method, request.target.decode("ascii", "replace"))
         except BadRequest as exc:
@@ -597,6 +613,22 @@ class ProxyConnection:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+def _account(headers: Sequence[tuple[bytes, bytes]]) -> str:
+    """The run token of the request's `Proxy-Authorization: Basic run:<token>` ("" without
+    a usable one)."""
+    for key, value in headers:
+        if key.lower() == b"proxy-authorization":
+            try:
+                auth = BasicAuth.decode(value.decode("latin-1"))
+            except ValueError:
+                return ""
+            token = auth.password
+            if auth.login != RUN_LOGIN or not (token.isascii() and token.isprintable()):
+                return ""
+            return token[:80]
+    return ""
 
 
 def _end_to_end(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

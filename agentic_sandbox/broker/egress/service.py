@@ -19,6 +19,22 @@ memory only, destroyed when the incarnation ends; sent to the agent at every reg
 the component) and sets the header from the secret's value, read from the vault for that
 connection only. The record names the secret (`credential`), never its value.
 
+**Whose run.** A connection is counted to one run, for that run's egress bytes:
+- an **exec**, when its request names the exec's token: the server mints one per exec
+  (`begin_exec`, a random 128-bit value kept only in memory, for that instance's incarnation),
+  the agent puts it in the exec's proxy URL as userinfo (`http://run:<token>@127.0.0.1:3128`:
+  curl, pip, git, npm and urllib send it as `Proxy-Authorization: Basic`, the proxy reads
+  it and never forwards it), and the exec's answer gets the bytes of its connections
+  (`end_exec`, which waits a moment for those whose guest side its exit closed);
+- else the **task run** running on the instance then (`current_run`), as before.
+The proxy on the host cannot see which guest process opened a connection (the guest's tools
+reach the agent's loopback listener, and the agent relays bytes); the token is the run
+telling it, through the one setting every tool already reads. It is accounting only, never a
+permission: a missing, malformed or unknown token (or another instance's) changes no verdict
+and falls back to the task run. A guest can misreport its own runs' bytes this way (a process
+can use another exec's URL), never another instance's; the audit rows stay the per-connection
+truth.
+
 **Record.** Each attempt, allowed or not, is one audit row (`egress.connect`, outcome
 ok/denied/failed, the verdict and the rest in its detail) and one event, `egress.allowed`
 (when it ends, with bytes and duration), `egress.denied` or `egress.failed`, counted in
@@ -27,10 +43,14 @@ ok/denied/failed, the verdict and the rest in its detail) and one event, `egress
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import secrets
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -56,6 +76,8 @@ log = logging.getLogger(__name__)
 VERDICTS = ("allowed", "denied", "failed")
 MAX_RUN_BYTES = 10_000  # task runs whose egress bytes are kept (the latest)
 RUN_CACHE_SECONDS = 1.0  # an instance's running task is looked up at most this often
+MAX_EXEC_ACCOUNTS = 10_000  # execs running at once whose connections are counted (the oldest go)
+EXEC_SETTLE_SECONDS = 2.0  # an ended exec waits this long at most for its connections to end
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,23 @@ class Requester:
 
 
 @dataclass
+class ExecAccount:
+    """The egress of one exec while it runs: its connections' bytes (up, down) as they end."""
+
+    exec_id: str
+    instance_id: str
+    incarnation: str
+    up: int = 0
+    down: int = 0
+    connections: int = 0  # counted to it so far
+    open: int = 0  # of those, still open
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is open
+
+    def __post_init__(self) -> None:
+        self.settled.set()
+
+
+@dataclass
 class Policy:
     incarnation: str
     network: str
@@ -77,6 +116,12 @@ class Policy:
     @property
     def effective(self) -> EgressConfig | None:
         return self.config if self.network == "allowlist" else None
+
+
+def brokered_hosts(policy: Policy | None) -> frozenset[str]:
+    """The destinations the incarnation's CA signs for: its brokered credentials' hosts."""
+    config = policy.effective if policy is not None else None
+    return config.brokered_hosts() if config is not None else frozenset()
 
 
 def config_of(spec: dict[str, Any] | None) -> EgressConfig:
@@ -106,6 +151,9 @@ class EgressService:
         # bytes (up, down) of the ended connections attributed to each task run, newest last
         self._run_bytes: OrderedDict[str, list[int]] = OrderedDict()
         self._cas: dict[tuple[str, str], IncarnationCA] = {}
+        self._execs: OrderedDict[str, ExecAccount] = OrderedDict()  # by token
+        # told (instance, incarnation) when a policy change made a new CA (sent to the guest)
+        self.on_new_ca: Callable[[str, str], None] | None = None
         self.upstream = upstream_context(svc.settings.egress_upstream_ca_file)
         svc.metrics.provide_counter(
             "sandbox_egress_connections",
@@ -147,8 +195,14 @@ class EgressService:
     def replace(
         self, instance_id: str, incarnation: str, network: str, config: EgressConfig
     ) -> None:
-        """The instance's new policy, effective for its next connection."""
-        self._policies[instance_id] = Policy(incarnation, network, config)
+        """The instance's new policy, effective for its next connection (and a new CA when
+        the brokered destinations changed: the old one's name constraints do not fit)."""
+        policy = self._policies[instance_id] = Policy(incarnation, network, config)
+        ca = self._cas.get((instance_id, incarnation))
+        if ca is not None and not ca.ended and ca.names != brokered_hosts(policy):
+            self.ca_for(instance_id, incarnation, names=brokered_hosts(policy))
+            if self.on_new_ca is not None:
+                self.on_new_ca(instance_id, incarnation)
         lim = self._limits.get((instance_id, incarnation))
         if lim is not None:
             lim.configure(config.limits.max_connections, config.limits.bandwidth_bytes_per_second)
@@ -164,16 +218,31 @@ class EgressService:
             ca.destroy()
 
     # ---- the incarnation's CA -----------------------------------------------------------------
-    def ca_for(self, instance_id: str, incarnation: str, *, renew: bool = False) -> IncarnationCA:
-        """The incarnation's CA, made on first use (`renew`: a new one when this one is near
-        its end — what a registration asks, since it sends the CA to the guest)."""
+    def ca_for(
+        self,
+        instance_id: str,
+        incarnation: str,
+        *,
+        names: frozenset[str],
+        renew: bool = False,
+    ) -> IncarnationCA:
+        """The incarnation's CA for the brokered destinations `names`, made on first use and
+        again when `names` changed (`renew`: a new one when this one is near its end — what a
+        registration asks, since it sends the CA to the guest)."""
         key = (instance_id, incarnation)
         ca = self._cas.get(key)
-        if ca is None or ca.ended or (renew and not ca.fresh()):
+        if ca is None or ca.ended or ca.names != names or (renew and not ca.fresh()):
             if ca is not None:
                 ca.destroy()
-            ca = self._cas[key] = IncarnationCA(instance_id, incarnation)
+            ca = self._cas[key] = IncarnationCA(instance_id, incarnation, names=names)
         return ca
+
+    async def current_ca(
+        self, instance_id: str, incarnation: str, *, renew: bool = False
+    ) -> IncarnationCA:
+        """The CA for the incarnation's brokered destinations now (what the guest is sent)."""
+        policy = await self.policy(instance_id, incarnation)
+        return self.ca_for(instance_id, incarnation, names=brokered_hosts(policy), renew=renew)
 
     async def brokered(self, who: Requester, host: str, port: int) -> Brokered | None:
         """How to serve a CONNECT to host:port for `who`: None (a plain tunnel) unless the
@@ -192,7 +261,8 @@ class EgressService:
                 "which is not a secret of the instance's owner (any more)",
             )
         try:
-            guest_context = self.ca_for(who.instance_id, who.incarnation).server_context(host)
+            ca = self.ca_for(who.instance_id, who.incarnation, names=brokered_hosts(live))
+            guest_context = ca.server_context(host)
         except CAEnded:
             raise BrokerUnavailable("credential-unavailable", "the incarnation ended") from None
         return Brokered(
@@ -257,6 +327,50 @@ class EgressService:
         got[0] += up
         got[1] += down
 
+    # ---- execs ----------------------------------------------------------------------------
+    def begin_exec(self, instance_id: str, incarnation: str, exec_id: str) -> str:
+        """A new token for exec `exec_id` of that incarnation: connections that name it are
+        counted to the exec until `end_exec`."""
+        token = secrets.token_hex(16)
+        self._execs[token] = ExecAccount(exec_id, instance_id, incarnation)
+        while len(self._execs) > MAX_EXEC_ACCOUNTS:
+            self._execs.popitem(last=False)
+        return token
+
+    async def end_exec(self, token: str, settle: float = EXEC_SETTLE_SECONDS) -> tuple[int, int]:
+        """Bytes (up, down) of the exec's connections; its token is forgotten. Connections still
+        open wait up to `settle` seconds (the exec's exit closes their guest side; the rest
+        of the relay ends at once); one open longer (a process the exec left running) counts
+        in its audit row only."""
+        account = self._execs.get(token)
+        if account is None:
+            return (0, 0)
+        try:
+            if not account.settled.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(account.settled.wait(), settle)
+        finally:
+            self._execs.pop(token, None)
+        return (account.up, account.down)
+
+    def drop_exec(self, token: str) -> None:
+        """Forget an exec that did not run to its end."""
+        self._execs.pop(token, None)
+
+    def claim_exec(self, who: Requester, token: str) -> ExecAccount | None:
+        """The exec a connection's run token names, if it is a live exec of `who` (then the
+        connection is open in its account until `record`)."""
+        account = self._execs.get(token) if token else None
+        if (
+            account is None
+            or account.instance_id != who.instance_id
+            or account.incarnation != who.incarnation
+        ):
+            return None
+        account.open += 1
+        account.settled.clear()
+        return account
+
     # ---- one connection -----------------------------------------------------------------------
     async def serve(self, pipe: Pipe, who: Requester) -> Outcome:
         """Proxy one guest connection and record it."""
@@ -274,6 +388,12 @@ class EgressService:
         async def broker(host: str, port: int) -> Brokered | None:
             return await self.brokered(who, host, port)
 
+        account: ExecAccount | None = None
+
+        def on_request(out: Outcome) -> None:
+            nonlocal account
+            account = self.claim_exec(who, out.account)
+
         conn = ProxyConnection(
             pipe,
             config=current,
@@ -281,6 +401,7 @@ class EgressService:
             limits=limits,
             opener=self._open,
             broker=broker,
+            on_request=on_request,
         )
         try:
             return await conn.run()
@@ -289,9 +410,15 @@ class EgressService:
                 conn.outcome.detail = f"the guest's side ended: {type(exc).__name__}: {exc}"
             raise
         finally:
-            self.record(who, conn.outcome, run)
+            self.record(who, conn.outcome, run, account)
 
-    def record(self, who: Requester, out: Outcome, run: tuple[str, str] | None = None) -> None:
+    def record(
+        self,
+        who: Requester,
+        out: Outcome,
+        run: tuple[str, str] | None = None,
+        account: ExecAccount | None = None,
+    ) -> None:
         verdict = out.verdict if out.verdict in VERDICTS else "failed"
         self.connections[(verdict, out.reason or "ok")] += 1
         self.bytes["up"] += out.bytes_up
@@ -312,7 +439,15 @@ class EgressService:
         }
         if out.credential:
             detail["credential"] = out.credential  # the secret's name: its header was added
-        if run is not None:
+        if account is not None:  # the exec that named its token: its bytes, not the task's
+            detail["exec_id"] = account.exec_id
+            account.up += out.bytes_up
+            account.down += out.bytes_down
+            account.connections += 1
+            account.open -= 1
+            if account.open <= 0:
+                account.settled.set()
+        elif run is not None:
             detail["task_id"], detail["run_id"] = run
             self._count_for_run(run[1], out.bytes_up, out.bytes_down)
         if out.detail:
@@ -332,6 +467,6 @@ class EgressService:
             actor=f"agent:{who.instance_id}",
             instance_id=who.instance_id,
             owner=who.owner or None,
-            task_id=run[0] if run is not None else None,
+            task_id=run[0] if run is not None and account is None else None,
             data=detail,
         )

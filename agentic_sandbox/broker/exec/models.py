@@ -72,6 +72,14 @@ class UsageOut(Output):
     cpu_seconds: float
     peak_memory_bytes: int
     output_bytes: int = Field(description="stdout + stderr bytes the command wrote")
+    network_egress_bytes: int = Field(
+        default=0,
+        description="bytes its egress proxy connections sent (the ones that named its proxy "
+        "URL's token, as every tool it starts does by default; 0 without an allowlist)",
+    )
+    network_ingress_bytes: int = Field(
+        default=0, description="bytes its egress proxy connections received"
+    )
 
 
 class ExecOut(Output):

@@ -15,6 +15,10 @@ cancelled and the agent kills the run; a link that drops ends the exec with `age
 (the agent kills the run too: an exec does not outlive its link).
 Every finished exec is audited (`instance.exec`) and published (`instance.exec.finished`, with
 its reason and usage).
+
+Egress bytes: `start()` gets the exec a token from the egress proxy (`use_egress`), which the
+agent puts in the run's proxy URL; the bytes of the proxy connections that named it are the
+answer's `usage.network_egress_bytes`/`network_ingress_bytes` (see `broker/egress/service.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentic_sandbox.broker.agentlink import (
     AgentConnection,
@@ -94,6 +98,16 @@ def refusal_problem(exc: StreamError) -> ProblemError:
     return _problem(502, f"the agent failed to run the command: {exc.message}", "agent-error")
 
 
+class EgressAccounts(Protocol):
+    """The egress proxy's accounting of execs (`broker/egress/service.py`)."""
+
+    def begin_exec(self, instance_id: str, incarnation: str, exec_id: str) -> str: ...
+
+    async def end_exec(self, token: str) -> tuple[int, int]: ...
+
+    def drop_exec(self, token: str) -> None: ...
+
+
 @dataclass
 class ExecPlan:
     exec_id: str
@@ -110,6 +124,7 @@ class ExecPlan:
     pid: int = 0
     enforcement: str = ""
     result: ExecResult | None = None
+    egress: tuple[int, int] = (0, 0)  # bytes up, down of its egress proxy connections
     _writer: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -130,6 +145,11 @@ class ExecService:
         self.settings = svc.settings
         self.registry = registry
         self._running: dict[str, int] = {}
+        self._egress: EgressAccounts | None = None
+
+    def use_egress(self, accounts: EgressAccounts) -> None:
+        """Count each exec's egress proxy connections (its `network_egress_bytes`)."""
+        self._egress = accounts
 
     # ---- before anything runs ---------------------------------------------------------------
     def plan(
@@ -227,6 +247,21 @@ class ExecService:
     # ---- running -----------------------------------------------------------------------------
     async def start(self, plan: ExecPlan) -> None:
         """Open the stream and wait for the agent to start the command (problems if not)."""
+        if self._egress is not None:
+            plan.spec.egress_token = self._egress.begin_exec(
+                plan.instance_id, plan.conn.incarnation, plan.exec_id
+            )
+        try:
+            await self._start(plan)
+        except BaseException:
+            self._drop_egress(plan)
+            raise
+
+    def _drop_egress(self, plan: ExecPlan) -> None:
+        if self._egress is not None and plan.spec.egress_token:
+            self._egress.drop_exec(plan.spec.egress_token)
+
+    async def _start(self, plan: ExecPlan) -> None:
         try:
             stream = plan.conn.streams.open(plan.spec)
         except TooManyStreams as exc:
@@ -264,6 +299,7 @@ class ExecService:
         """The server gives up on the exec (cancel; the agent kills the run)."""
         if plan._writer is not None:
             plan._writer.cancel()
+        self._drop_egress(plan)
         if plan.stream is not None:
             plan.stream.cancel("canceled", why)
 
@@ -289,6 +325,8 @@ class ExecService:
             if not isinstance(result, ExecResult):
                 raise StreamError("agent-error", "the exec ended without its result")
             plan.result = result
+            if self._egress is not None and plan.spec.egress_token:
+                plan.egress = await self._egress.end_exec(plan.spec.egress_token)
             done = True
         except StreamError as exc:
             if exc.code == "timeout":
@@ -379,6 +417,8 @@ class ExecService:
                 cpu_seconds=round(r.cpu_us / 1e6, 6),
                 peak_memory_bytes=r.peak_memory_bytes,
                 output_bytes=r.stdout_bytes + r.stderr_bytes,
+                network_egress_bytes=plan.egress[0],
+                network_ingress_bytes=plan.egress[1],
             ),
             budget=plan.budget,
             enforcement=(r.enforcement or plan.enforcement)[:32],

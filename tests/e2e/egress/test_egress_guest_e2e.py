@@ -24,6 +24,7 @@ One guest for the module (a cold boot is ~50 s alone, minutes on a loaded machin
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -244,8 +245,30 @@ def test_the_guest_is_allowlist_with_its_proxy_settings(env: Env, guest: str) ->
     inst = env.server.ok("GET", f"/api/v2/admin/instances/{guest}")
     assert inst["network_policy"] == "allowlist"
     out = ex(env.server, ["bash", "-lc", "echo $http_proxy $https_proxy; cat /etc/pip.conf"])
-    assert out["stdout"]["data"].startswith("http://127.0.0.1:3128 http://127.0.0.1:3128\n")
-    assert "proxy = http://127.0.0.1:3128" in out["stdout"]["data"]
+    first, rest = out["stdout"]["data"].split("\n", 1)
+    # an exec's own proxy URL (its egress token), kept by the login shell
+    plain, tokened = first.split()
+    assert plain == tokened and re.fullmatch(r"http://run:[0-9a-f]{32}@127\.0\.0\.1:3128", plain)
+    assert "proxy = http://127.0.0.1:3128" in rest
+
+
+def test_an_exec_reports_its_egress_bytes(env: Env, guest: str) -> None:
+    """urllib in the guest through the proxy: the exec's usage is the bytes of the audit rows
+    that name it."""
+    argv = ["python3", "-c", FETCH, f"http://{ALLOWED}:8080/"]
+    out = ex(env.server, ["bash", "-lc", shlex.join(argv)])
+    assert json.loads(out["stdout"]["data"])["status"] == 200, out
+    rows = [
+        r["detail"]
+        for r in env.server.ok("GET", f"/api/v2/admin/audit?subject_id={GUEST}&limit=1000")["items"]
+        if r["action"] == "egress.connect" and r["detail"].get("exec_id") == out["exec_id"]
+    ]
+    assert len(rows) == 1, rows
+    usage = out["usage"]
+    assert (usage["network_egress_bytes"], usage["network_ingress_bytes"]) == (
+        rows[0]["bytes_up"],
+        rows[0]["bytes_down"],
+    ) and usage["network_ingress_bytes"] > 0, (usage, rows)
 
 
 def test_the_allowed_host_answers_through_the_proxy(env: Env, guest: str) -> None:

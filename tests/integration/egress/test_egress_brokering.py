@@ -4,7 +4,8 @@ incarnation's CA), `curl` as the tool, and HTTPS hosts in a network namespace th
 (names only in the proxy's hosts file; the upstream's test CA through
 `SANDBOX_EGRESS_UPSTREAM_CA_FILE`).
 
-- the CA reaches the agent at its registration (`egress.ca.installed`);
+- the CA reaches the agent at its registration (`egress.ca.installed`), and a new one, whose
+  name constraint permits the new destinations, when the brokered destinations change;
 - a brokered request reaches the namespace host, which checks the header (the guest sent
   none, or a wrong one: replaced);
 - a destination without a credential is a plain tunnel: the client sees the real certificate;
@@ -14,6 +15,7 @@ incarnation's CA), `curl` as the tool, and HTTPS hosts in a network namespace th
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from tests.support.agents import AgentProcess, start_agent
 from tests.support.fixtures import unique_id
@@ -155,10 +159,25 @@ def test_a_brokered_request_carries_the_header_and_nothing_else_is_intercepted(
     stack: Stack,
 ) -> None:
     wait_for(lambda: stack.agent_ca.exists(), "the CA file")
+    first = wait_for(lambda: stack.events("egress.ca.installed"), "egress.ca.installed")
+    before = {e["data"]["fingerprint"] for e in first}
     status, out = stack.server.api("PUT", f"/api/v2/admin/secrets/{SECRET}", {"value": VALUE})
     assert status in (200, 201), out
     status, out = stack.put([{"secret": SECRET, "destinations": [f"{API}:8443", f"{API}:8445"]}])
     assert status == 200, out
+    # new brokered destinations: a new CA whose name constraint permits them, sent at once
+    (new,) = wait_for(
+        lambda: [
+            e for e in stack.events("egress.ca.installed") if e["data"]["fingerprint"] not in before
+        ],
+        "the new CA installed",
+    )
+    pem = stack.agent_ca.read_bytes()
+    ca = x509.load_pem_x509_certificate(pem)
+    assert hashlib.sha256(ca.public_bytes(Encoding.DER)).hexdigest() == new["data"]["fingerprint"]
+    permitted = ca.extensions.get_extension_for_class(x509.NameConstraints).value
+    assert permitted.permitted_subtrees is not None
+    assert API in {n.value for n in permitted.permitted_subtrees}
     assert out["credentials"] == [
         {
             "secret": SECRET,

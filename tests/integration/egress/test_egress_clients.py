@@ -184,3 +184,83 @@ async def test_the_openapi_document_says_both_rule_forms(sbx: AsyncClient) -> No
     assert schemas["EgressOut"]["properties"]["allow"]["items"] == {
         "$ref": "#/components/schemas/Rule"
     }
+
+
+def test_cli_sets_brokered_credentials(
+    sandbox_server: ServerProcess, agent_factory: AgentFactory, tmp_path: Path
+) -> None:
+    """`--credential SECRET=HOST:PORT[,…][,header=H][,format=F]` replaces the credentials
+    (alone it keeps the rules), the table and JSON show them (never a value), a bad one is
+    refused naming the `--credential` it came from, `--clear-credentials` removes them."""
+    ctl = Sandboxctl(sandbox_server.url, sandbox_server.admin_token, tmp_path / "cli")
+    iid = agent_factory(sandbox_server).instance_id
+    sandbox_server.ok("PUT", "/api/v2/admin/secrets/API_TOKEN", {"value": "v-123-secret"})
+    rc, out, err = ctl.run_inprocess(
+        "instance", "egress", iid, "--allow", "api.example.com:443", "--network", "allowlist"
+    )
+    assert rc == 0, err
+    rc, out, err = ctl.run_inprocess(
+        "instance",
+        "egress",
+        iid,
+        "--credential",
+        "API_TOKEN=api.example.com:443,API.example.com:8443,header=X-Api-Key,"
+        "format=Key {value}, v1",
+        "-o",
+        "json",
+    )
+    assert rc == 0, err
+    shown = json.loads(out)
+    assert [r["host"] for r in shown["allow"]] == ["api.example.com"]  # the rules stayed
+    assert shown["credentials"] == [
+        {
+            "secret": "API_TOKEN",
+            "destinations": ["api.example.com:443", "api.example.com:8443"],
+            "header": "X-Api-Key",
+            "format": "Key {value}, v1",
+        }
+    ]
+    rc, out, err = ctl.run_inprocess("instance", "egress", iid)
+    assert rc == 0 and "credentials" in out and "X-Api-Key" in out, (out, err)
+    assert "v-123-secret" not in out
+    # defaults: Authorization, Bearer {value}; with --allow the rules are replaced too
+    rc, out, err = ctl.run_inprocess(
+        "instance",
+        "egress",
+        iid,
+        "--allow",
+        "api.example.com:443",
+        "--allow",
+        "other.example:443",
+        "--credential",
+        "API_TOKEN=other.example:443",
+        "-o",
+        "json",
+    )
+    assert rc == 0, err
+    creds = json.loads(out)["credentials"]
+    assert creds == [
+        {
+            "secret": "API_TOKEN",
+            "destinations": ["other.example:443"],
+            "header": "Authorization",
+            "format": "Bearer {value}",
+        }
+    ]
+    # refused: the server's field, and the --credential it came from
+    rc, out, err = ctl.run_inprocess(
+        "instance", "egress", iid, "--credential", "NO_SUCH=api.example.com:443"
+    )
+    assert rc == 6, (rc, out, err)
+    assert "--credential 'NO_SUCH=api.example.com:443' (body.credentials.0.secret)" in err, err
+    rc, _, err = ctl.run_inprocess("instance", "egress", iid, "--credential", "API_TOKEN")
+    assert rc == 2 and "SECRET=HOST:PORT" in err, err
+    rc, _, err = ctl.run_inprocess(
+        "instance", "egress", iid, "--credential", "API_TOKEN=header=X-Key"
+    )
+    assert rc == 2 and "no HOST:PORT" in err, err
+    assert ctl.json("instance", "egress", iid)["credentials"] == creds  # nothing changed
+    rc, out, err = ctl.run_inprocess("instance", "egress", iid, "--clear-credentials", "-o", "json")
+    assert rc == 0, err
+    after = json.loads(out)
+    assert after["credentials"] == [] and len(after["allow"]) == 2

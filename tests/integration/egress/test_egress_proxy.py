@@ -12,8 +12,12 @@ naming their private addresses explicitly).
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +25,9 @@ from typing import Any
 
 import pytest
 
+from tests.integration.exec.helpers import processes_with, stream_lines
 from tests.support.agents import AgentProcess, start_agent
+from tests.support.cli import Sandboxctl
 from tests.support.fixtures import unique_id
 from tests.support.netns import NamespaceHost, available, make_cert
 from tests.support.server import ServerProcess, free_port
@@ -258,7 +264,105 @@ def test_the_agents_commands_get_the_proxy_settings(stack: Stack) -> None:
         },
     )
     assert out["exit_code"] == 0, out
-    assert out["stdout"]["data"] == f"{stack.proxy} {stack.proxy}\nhello from the allowed host\n"
+    first, body = out["stdout"]["data"].splitlines()
+    plain, tokened = first.split()
+    assert plain == tokened and body == "hello from the allowed host", out
+    # the exec's own URL: the proxy's address with the exec's token as its userinfo
+    assert re.fullmatch(rf"http://run:[0-9a-f]{{32}}@127\.0\.0\.1:{stack.proxy_port}", plain)
+
+
+def exec_connections(stack: Stack, exec_id: str) -> list[dict[str, Any]]:
+    """The audit rows of the proxy connections counted to exec `exec_id`."""
+    rows = stack.server.ok("GET", f"/api/v2/admin/audit?subject_id={stack.instance}&limit=1000")[
+        "items"
+    ]
+    return [
+        r["detail"]
+        for r in rows
+        if r["action"] == "egress.connect" and r["detail"].get("exec_id") == exec_id
+    ]
+
+
+def test_an_exec_reports_its_egress_bytes(stack: Stack) -> None:
+    """An exec that fetches over plain HTTP and HTTPS through the proxy: its answer's usage
+    is the sum of the bytes of its connections' audit rows (which name it), and so is the
+    streamed exit line and the instance.exec.finished event."""
+    stack.put(stack.base_rules())
+    script = (
+        f"curl -sS http://{ALLOWED}:8080/ && curl -sS --cacert {stack.ca} https://{ALLOWED}:8443/y"
+    )
+    out = stack.server.ok(
+        "POST", f"/api/v2/admin/instances/{stack.instance}/exec", {"argv": ["sh", "-c", script]}
+    )
+    assert out["exit_code"] == 0 and out["stdout"]["data"] == (
+        "hello from the allowed host\ntls hello from the allowed host /y\n"
+    ), out
+    rows = exec_connections(stack, out["exec_id"])
+    assert sorted(r["kind"] for r in rows) == ["connect", "http"], rows
+    usage = out["usage"]
+    assert usage["network_egress_bytes"] == sum(r["bytes_up"] for r in rows) > 0, (usage, rows)
+    assert usage["network_ingress_bytes"] == sum(r["bytes_down"] for r in rows) > 500
+    assert all("run_id" not in r for r in rows)  # an exec's, not a task run's
+
+    # Python's urllib (what the guest image has): it sends the token too (it is a password)
+    fetch = f"import urllib.request; print(urllib.request.urlopen('http://{ALLOWED}:8080/').read())"
+    lines = list(
+        stream_lines(stack.server, stack.instance, {"argv": [sys.executable, "-c", fetch]})
+    )
+    exit_line = lines[-1]
+    assert exit_line["type"] == "exit" and exit_line["exit_code"] == 0, lines
+    (row,) = exec_connections(stack, exit_line["exec_id"])
+    assert (
+        exit_line["usage"]["network_egress_bytes"],
+        exit_line["usage"]["network_ingress_bytes"],
+    ) == (row["bytes_up"], row["bytes_down"])
+    finished = stack.server.ok(
+        "GET", f"/api/v1/events?type=instance.exec.finished&instance_id={stack.instance}&limit=200"
+    )["items"]
+    (event,) = [e for e in finished if e["data"]["exec_id"] == exit_line["exec_id"]]
+    assert event["data"]["usage"]["network_egress_bytes"] == row["bytes_up"]
+
+
+def test_an_exec_without_connections_counts_none_of_the_others(stack: Stack) -> None:
+    """An exec that connects to nothing reports 0 while connections from elsewhere on the guest
+    (no token, and an unknown token — allowed all the same: the token is no permission) are
+    made during it; another instance's exec token is not this instance's either."""
+    stack.put(stack.base_rules())
+    result: dict[str, Any] = {}
+    marker = f"egress-idle-{unique_id('x')}"
+    body = {"argv": ["sh", "-c", f"echo {marker}; sleep 3"]}
+    worker = threading.Thread(
+        target=lambda: result.update(
+            stack.server.ok("POST", f"/api/v2/admin/instances/{stack.instance}/exec", body)
+        )
+    )
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not processes_with(marker):
+            assert time.monotonic() < deadline, "the exec never started"
+            time.sleep(0.05)
+        after = stack.last_seq()
+        assert stack.curl(f"http://{ALLOWED}:8080/")[2].startswith("200")
+        unknown = f"http://run:{'0' * 32}@127.0.0.1:{stack.proxy_port}"
+        proc = subprocess.run(
+            ["curl", "-sS", "--max-time", "20", "--proxy", unknown, f"http://{ALLOWED}:8080/"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.stdout == "hello from the allowed host\n", proc
+        events = stack.wait_events(2, after)
+        assert [e["type"] for e in events] == ["egress.allowed", "egress.allowed"], events
+        assert all("exec_id" not in e["data"] for e in events), events
+        assert processes_with(marker), "the exec ended before the other connections did"
+    finally:
+        worker.join(timeout=60)
+    assert result["exit_code"] == 0, result
+    assert (
+        result["usage"]["network_egress_bytes"],
+        result["usage"]["network_ingress_bytes"],
+    ) == (0, 0), result
 
 
 def test_a_task_run_reports_its_egress_bytes(stack: Stack) -> None:
@@ -294,3 +398,23 @@ def test_a_task_run_reports_its_egress_bytes(stack: Stack) -> None:
         data["bytes_down"],
     ), (usage, data)
     assert usage["network_egress_bytes"] > 0 and usage["network_ingress_bytes"] > 0
+
+
+def test_sandboxctl_exec_json_shows_the_egress_bytes(stack: Stack, tmp_path: Path) -> None:
+    """`sandboxctl instance exec -o json` prints the whole answer, its usage with the egress
+    bytes of the exec's one connection, and exits with the command's status."""
+    stack.put(stack.base_rules())
+    ctl = Sandboxctl(stack.server.url, stack.server.admin_token, tmp_path / "cli")
+    args = ("instance", "exec", stack.instance, "-o", "json", "--")
+    res = ctl(*args, "curl", "-sS", f"http://{ALLOWED}:8080/")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["stdout"]["data"] == "hello from the allowed host\n", out
+    (row,) = exec_connections(stack, out["exec_id"])
+    assert (out["usage"]["network_egress_bytes"], out["usage"]["network_ingress_bytes"]) == (
+        row["bytes_up"],
+        row["bytes_down"],
+    ) and row["bytes_down"] > 0
+    res = ctl(*args, "sh", "-c", "exit 3")
+    assert res.returncode == 3 and json.loads(res.stdout)["exit_code"] == 3, res
+    assert json.loads(res.stdout)["usage"]["network_egress_bytes"] == 0

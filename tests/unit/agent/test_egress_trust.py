@@ -40,12 +40,14 @@ def _certs(bundle: Path) -> int:
 
 
 async def test_the_ca_is_written_and_spliced_into_the_bundle(tmp_path: Path) -> None:
-    other = IncarnationCA("someone", "else").certificate_pem  # the store's own certificates
+    other = IncarnationCA(
+        "someone", "else", names=()
+    ).certificate_pem  # the store's own certificates
     bundle = tmp_path / "certs" / "ca-certificates.crt"
     bundle.parent.mkdir()
     bundle.write_bytes(other + other.rstrip(b"\n"))  # no newline at the end
     bundle.chmod(0o644)
-    ca = IncarnationCA("dev-1", "inc-1")
+    ca = IncarnationCA("dev-1", "inc-1", names=())
     target = tmp_path / "ca-certificates" / "egress.crt"
     close = await _install(target, str(bundle), ca.certificate_pem)
     assert not close.HasField("error"), close
@@ -58,7 +60,9 @@ async def test_the_ca_is_written_and_spliced_into_the_bundle(tmp_path: Path) -> 
     subjects = [dict(x[0] for x in c["subject"]).get("commonName") for c in ctx.get_ca_certs()]
     assert "egress CA of dev-1" in subjects, subjects
 
-    newer = IncarnationCA("dev-1", "inc-2").certificate_pem  # a new incarnation replaces it
+    newer = IncarnationCA(
+        "dev-1", "inc-2", names=()
+    ).certificate_pem  # a new incarnation replaces it
     close = await _install(target, str(bundle), newer)
     assert not close.HasField("error"), close
     assert target.read_bytes() == newer
@@ -72,18 +76,18 @@ async def test_the_ca_is_written_and_spliced_into_the_bundle(tmp_path: Path) -> 
 
 async def test_a_symlinked_bundle_is_spliced_at_its_target(tmp_path: Path) -> None:
     real = tmp_path / "real.crt"
-    real.write_bytes(IncarnationCA("x", "y").certificate_pem)
+    real.write_bytes(IncarnationCA("x", "y", names=()).certificate_pem)
     link = tmp_path / "bundle.crt"
     link.symlink_to(real)
     close = await _install(
-        tmp_path / "egress.crt", str(link), IncarnationCA("a", "b").certificate_pem
+        tmp_path / "egress.crt", str(link), IncarnationCA("a", "b", names=()).certificate_pem
     )
     assert not close.HasField("error"), close
     assert link.is_symlink() and _certs(real) == 2
 
 
 async def test_a_bundle_that_cannot_be_written_is_reported(tmp_path: Path) -> None:
-    pem = IncarnationCA("dev-1", "inc-1").certificate_pem
+    pem = IncarnationCA("dev-1", "inc-1", names=()).certificate_pem
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the bundle's directory should be")
     close = await _install(tmp_path / "egress.crt", str(blocked / "bundle.crt"), pem)
@@ -95,7 +99,7 @@ async def test_a_bundle_that_cannot_be_written_is_reported(tmp_path: Path) -> No
     [
         b"",
         b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
-        IncarnationCA("a", "b").certificate_pem * 2,
+        IncarnationCA("a", "b", names=()).certificate_pem * 2,
         b"not pem at all",
     ],
 )

@@ -33,10 +33,12 @@ from agentic_sandbox.broker.egress.proxy import (
 )
 from agentic_sandbox.broker.egress.resolver import HostsFileResolver
 from agentic_sandbox.provision.egress_rules import EgressConfig
+from tests.support.egress_service import egress_service
 from tests.support.netns import make_cert
 
 INCARNATION = "0b7e3c1e-6a8f-4e5e-9a55-2f3c1d0e9b11"
 SECRET = "s3cret-value-9f2c"
+NAMES = ("api.example.com", "other.example.com", "10.9.0.2", "up.test")  # brokered ones
 
 
 # ---- the CA ------------------------------------------------------------------------------------
@@ -66,7 +68,7 @@ def _trusting(ca: IncarnationCA) -> ssl.SSLContext:
 
 
 def test_the_ca_names_its_instance_and_incarnation_and_signs_leaves_only() -> None:
-    ca = IncarnationCA("dev-1", INCARNATION)
+    ca = IncarnationCA("dev-1", INCARNATION, names=NAMES)
     cert = x509.load_pem_x509_certificate(ca.certificate_pem)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "egress CA of dev-1"
     ou = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value
@@ -84,11 +86,13 @@ def test_the_ca_names_its_instance_and_incarnation_and_signs_leaves_only() -> No
 
 
 def test_a_leaf_verifies_for_its_name_only_and_never_outlives_the_ca() -> None:
-    ca = IncarnationCA("dev-1", INCARNATION)
+    ca = IncarnationCA("dev-1", INCARNATION, names=NAMES)
     _handshake(ca.server_context("api.example.com"), _trusting(ca), "api.example.com")
     with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
         _handshake(ca.server_context("api.example.com"), _trusting(ca), "other.example.com")
-    other = IncarnationCA("dev-1", "another-incarnation")  # same instance, a new incarnation
+    other = IncarnationCA(
+        "dev-1", "another-incarnation", names=NAMES
+    )  # same instance, a new incarnation
     with pytest.raises(ssl.SSLCertVerificationError):
         _handshake(ca.server_context("api.example.com"), _trusting(other), "api.example.com")
     leaf = ca.issue("api.example.com")
@@ -102,15 +106,39 @@ def test_a_leaf_verifies_for_its_name_only_and_never_outlives_the_ca() -> None:
     assert ips.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.9.0.2")]
 
 
+def test_the_ca_signs_for_the_brokered_names_only() -> None:
+    """Its name constraint (critical) permits the brokered destinations and the names under
+    them, nothing else: a leaf its key makes for any other name or address fails OpenSSL's
+    verification (what a stolen key would be good for)."""
+    ca = IncarnationCA("dev-1", INCARNATION, names=["api.example.com", "10.9.0.2"])
+    ext = ca.certificate.extensions.get_extension_for_class(x509.NameConstraints)
+    assert ext.critical and ext.value.excluded_subtrees is None
+    assert set(ext.value.permitted_subtrees or []) == {
+        x509.DNSName("api.example.com"),
+        x509.IPAddress(ipaddress.ip_network("10.9.0.2/32")),
+    }
+    _handshake(ca.server_context("api.example.com"), _trusting(ca), "api.example.com")
+    _handshake(ca.server_context("10.9.0.2"), _trusting(ca), "10.9.0.2")
+    for name in ("bank.example.org", "example.com", "xapi.example.com", "10.9.0.3", "::1"):
+        with pytest.raises(ssl.SSLCertVerificationError, match=r"(?i)name constraint|permitted"):
+            _handshake(ca.server_context(name), _trusting(ca), name)
+    nothing = IncarnationCA("dev-1", INCARNATION, names=())  # no brokered destination at all
+    for name in ("api.example.com", "10.9.0.2"):
+        with pytest.raises(ssl.SSLCertVerificationError, match=r"(?i)name constraint|permitted"):
+            _handshake(nothing.server_context(name), _trusting(nothing), name)
+
+
 def test_the_ca_ends_with_its_incarnation() -> None:
-    ca = IncarnationCA("dev-1", INCARNATION)
+    ca = IncarnationCA("dev-1", INCARNATION, names=NAMES)
     ca.server_context("api.example.com")
     assert ca.fresh()
     ca.destroy()
     assert ca.ended and not ca.fresh()
     with pytest.raises(CAEnded):
         ca.server_context("api.example.com")
-    near_end = IncarnationCA("dev-1", INCARNATION, now=dt.datetime.now(dt.UTC) - CA_LIFETIME)
+    near_end = IncarnationCA(
+        "dev-1", INCARNATION, names=NAMES, now=dt.datetime.now(dt.UTC) - CA_LIFETIME
+    )
     assert not near_end.fresh()  # a new one is due (made at the next registration)
 
 
@@ -195,7 +223,7 @@ class Interceptor:
         self.hosts = tmp / "hosts"
         self.hosts.write_text("127.0.0.1 up.test plain.test\n")
         self.up = upstream
-        self.ca = IncarnationCA("dev-1", INCARNATION)
+        self.ca = IncarnationCA("dev-1", INCARNATION, names=NAMES)
         self.upstream_ctx = upstream_context(upstream.ca if trust_upstream else None)
         port = upstream.port
         self.config = EgressConfig.model_validate(
@@ -347,3 +375,30 @@ async def test_a_guest_that_does_not_trust_the_ca_is_recorded(
         out = await proxy.outcome()
         assert (out.verdict, out.reason, out.credential) == ("failed", "guest-tls-failed", "")
         assert not upstream.seen
+
+
+# ---- a new CA when the brokered destinations change ----------------------------------------------
+def test_a_change_of_the_brokered_destinations_makes_a_new_ca(tmp_path: Path) -> None:
+    egress, _ = egress_service(tmp_path)
+    told: list[tuple[str, str]] = []
+    egress.on_new_ca = lambda iid, inc: told.append((iid, inc))
+
+    def config(*dests: str, secret: str = "TOKEN") -> EgressConfig:
+        creds = [{"secret": secret, "destinations": list(dests)}] if dests else []
+        return EgressConfig.model_validate({"credentials": creds})
+
+    egress.replace("dev-1", INCARNATION, "allowlist", config("api.example.com:443"))
+    assert told == []  # no CA yet: the first registration makes it
+    ca = egress.ca_for("dev-1", INCARNATION, names=frozenset({"api.example.com"}))
+    egress.replace("dev-1", INCARNATION, "allowlist", config("API.example.com.:443", secret="B"))
+    assert told == [] and not ca.ended  # same destinations (another secret): the same CA
+    egress.replace(
+        "dev-1", INCARNATION, "allowlist", config("api.example.com:443", "new.test:8443")
+    )
+    assert told == [("dev-1", INCARNATION)] and ca.ended
+    new = egress.ca_for("dev-1", INCARNATION, names=frozenset({"api.example.com", "new.test"}))
+    assert new is not ca and new.names == {"api.example.com", "new.test"}
+    _handshake(new.server_context("new.test"), _trusting(new), "new.test")
+    egress.replace("dev-1", INCARNATION, "isolated", config("api.example.com:443"))
+    assert len(told) == 2  # not an allowlist any more: nothing is brokered, a CA for nothing
+    assert egress.ca_for("dev-1", INCARNATION, names=frozenset()).names == frozenset()

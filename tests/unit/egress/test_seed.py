@@ -3,6 +3,7 @@ other guests get none of it."""
 
 from __future__ import annotations
 
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any, cast
@@ -39,7 +40,26 @@ def test_allowlist_guests_point_every_tool_at_the_agents_listener(tmp_path: Path
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         assert f"{var}={URL}\n" in env["content"]
     assert "no_proxy=localhost,127.0.0.1,::1\n" in env["content"]
-    assert f"export https_proxy={URL}\n" in files["/etc/profile.d/egress-proxy.sh"]["content"]
+    profile = files["/etc/profile.d/egress-proxy.sh"]["content"]
+    assert f'export https_proxy="${{https_proxy:-{URL}}}"\n' in profile  # a login keeps its own
+    shown = subprocess.run(
+        ["sh", "-c", ". /dev/stdin; echo $https_proxy", "sh"],
+        input=profile,
+        capture_output=True,
+        text=True,
+        env={"https_proxy": "http://run-t@127.0.0.1:3128"},
+        check=True,
+    )
+    assert shown.stdout == "http://run-t@127.0.0.1:3128\n"
+    unset = subprocess.run(
+        ["sh", "-c", ". /dev/stdin; echo $https_proxy"],
+        input=profile,
+        capture_output=True,
+        text=True,
+        env={},
+        check=True,
+    )
+    assert unset.stdout == f"{URL}\n"
     agent_env = files["/etc/agentic-sandbox/environment"]["content"]  # sessions and tasks
     assert f'http_proxy="{URL}"\n' in agent_env
     apt = files["/etc/apt/apt.conf.d/80egress-proxy"]["content"]
