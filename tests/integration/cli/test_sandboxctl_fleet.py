@@ -226,6 +226,7 @@ FLEET_VERBS = {
     "host list",
     "host drain",
     "host undrain",
+    "host libvirtd-cert",
     "loadout list",
     "loadout show",
     "loadout apply",
@@ -296,6 +297,13 @@ async def test_fleet_verbs_work_with_global_options_in_any_position(
             Case("host list", lambda: []),
             Case("host drain", lambda: [drained]),  # (again: still draining, the same answer)
             Case("host undrain", lambda: [drained]),
+            # (writes its files and says so on stderr: stdout stays empty)
+            Case(
+                "host libvirtd-cert",
+                lambda: ["198.18.0.1", "--out", str(tmp_path / f"pki-{next(names)}")],
+                False,
+                lambda out: out.strip() == "",
+            ),
             Case("loadout list", lambda: []),
             Case("loadout show", lambda: ["minimal"]),
             Case("loadout apply", lambda: [str(web_file)]),
@@ -380,7 +388,7 @@ async def test_operation_get_and_nested_fields_render_as_sub_tables(
     assert result[0] == ["instance_id", "vm-1"] and ["host", "local"] in result, out
     assert ["source", "image"] in result, out
     (nested_at,) = [i for i, row in enumerate(result) if row[:1] == ["stages"]]
-    assert result[nested_at][1:] == ["NAME", "AT", "SECONDS"], out
+    assert result[nested_at][1:4] == ["NAME", "AT", "SECONDS"], out
     assert [row[0] for row in result[nested_at + 2 :]] == names, out
 
     # ---- an instance: its fields, the server's values ---------------------------------------
