@@ -117,6 +117,10 @@ class Lifecycle:
                 record.host = h.name
             vol = h.volumes
             new.claim(h)
+            # the image reaches the host it was placed on, once (a host cut off when it was
+            # built, or added since, gets it here); kept on a failure below, as any base is
+            for image_name, path in spec.image_files.items():
+                await self.hosts.import_image(image_name, path, host=h.name)
 
             new.step("ports")
             new.allocate_port()

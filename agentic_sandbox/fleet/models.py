@@ -179,6 +179,12 @@ class InstanceSpec(_Input):
     seed: AbsPath | None = Field(
         default=None, description="local cloud-init seed ISO; copied to the host"
     )
+    image_files: dict[Name, AbsPath] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="local files of the image (store name -> path: disk, kernel, initrd) that "
+        "the chosen host gets, checked by SHA-256, when it lacks them",
+    )
     host: Name | None = Field(default=None, description="pin to this host; None: placement")
     host_labels: dict[Label, str] = Field(default_factory=dict)
     anti_affinity: Name | None = None

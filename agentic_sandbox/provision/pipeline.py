@@ -55,7 +55,7 @@ STAGES = ("seed", "placing", "uploading", "disk", "defining", "booting", "enroll
 _FLEET_STAGE = {
     "placing": "placing",
     "uploading": "uploading",  # an image going to a host that lacks it (once per host)
-    "ports": "placing",
+    # "ports" (after the placement and any upload): a moment, counted in the stage before it
     "disk": "disk",
     "seed": "disk",  # copying the (already written) seed next to the overlay
     "defining": "defining",
@@ -322,17 +322,17 @@ class Provisioner:
             extra={IDENTITY_FILE: json.dumps(identity, indent=2) + "\n"},
         )
 
-    async def ensure_image(self, image: BuiltImage, host: str | None) -> dict[str, str]:
-        """Import the image's disk, kernel and initrd into the host's image store (once)."""
-        names = {"disk": f"{image.name}.qcow2"}
-        await self.fleet.import_image(names["disk"], str(image.disk), host=host)
+    @staticmethod
+    def image_files(image: BuiltImage) -> dict[str, str]:
+        """The image's files by their name in a host's image store (disk, and the kernel and
+        initrd of a direct kernel boot) -> their local paths: the fleet imports them into the
+        host a create is placed on when it lacks them (`InstanceSpec.image_files`)."""
+        files = {f"{image.name}.qcow2": str(image.disk)}
         if image.direct_kernel_boot and image.kernel is not None:
-            names["kernel"] = f"{image.name}.vmlinuz"
-            await self.fleet.import_image(names["kernel"], str(image.kernel), host=host)
+            files[f"{image.name}.vmlinuz"] = str(image.kernel)
             if image.initrd is not None:
-                names["initrd"] = f"{image.name}.initrd"
-                await self.fleet.import_image(names["initrd"], str(image.initrd), host=host)
-        return names
+                files[f"{image.name}.initrd"] = str(image.initrd)
+        return files
 
     # ---- the pipeline ------------------------------------------------------------------------
     async def provision(
@@ -444,20 +444,22 @@ class Provisioner:
             assert req.state_id is not None
             return await self.fleet.clone_from_state(req.state_id, spec_clone)
         assert req.image is not None
-        names = await self.ensure_image(req.image, req.host)
+        files = self.image_files(req.image)
+        disk, *rest = files
         res = req.loadout.resources
         boot: KernelBoot | None = None
-        if "kernel" in names:
+        if rest:
             boot = KernelBoot(
-                kernel=names["kernel"],
-                initrd=names.get("initrd"),
+                kernel=rest[0],
+                initrd=rest[1] if len(rest) > 1 else None,
                 cmdline=req.image.kernel_cmdline or "console=ttyS0",
             )
         spec = InstanceSpec(
             instance_id=req.instance_id,
             owner=req.owner,
             incarnation=req.incarnation,
-            image=names["disk"],
+            image=disk,
+            image_files=files,
             loadout=req.loadout.name,
             resources=Resources(
                 vcpus=req.vcpus or res.cpus,

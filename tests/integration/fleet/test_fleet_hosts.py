@@ -89,6 +89,29 @@ async def test_an_image_import_for_any_host_skips_an_unreachable_one(env: Env) -
     await f.remove_host("down")
 
 
+async def test_a_create_brings_its_image_to_the_host_it_is_placed_on_only(env: Env) -> None:
+    """Images reach a host on first placement (a host added after the image was built, or cut
+    off then, has none): the chosen host gets it, verified; the others are not sent it."""
+    f = env.fleet
+    await f.add_host(
+        HostSpec(name="h2", uri=node_uri(env.root, "h2"), data_dir=str(env.root / "h2"))
+    )
+    img = str(env.root / "img.qcow2")
+    uploads = len([k for k in env.kinds() if k == "image.uploading"])
+    i = await f.create(
+        InstanceSpec(instance_id="p1", image="img6", image_files={"img6": img}, host="h2")
+    )
+    assert i.host == "h2" and i.state is InstanceState.RUNNING
+    h2 = f.hosts["h2"].volumes
+    assert await h2.verified_digest("bases", "img6") is not None
+    assert not await f.hosts["h1"].volumes.exists(f.hosts["h1"].volumes.path("bases", "img6"))
+    # a second create on that host finds it there: no second upload
+    await f.create(
+        InstanceSpec(instance_id="p2", image="img6", image_files={"img6": img}, host="h2")
+    )
+    assert len([k for k in env.kinds() if k == "image.uploading"]) == uploads + 1
+
+
 async def test_add_host_is_idempotent(env: Env) -> None:
     spec = env.fleet.hosts["h1"].spec
     assert (await env.fleet.add_host(spec)).reachable
