@@ -248,12 +248,12 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
             lambda out: out == "",
             code=6,
         ),
-        # (no `--`: the options after it would be the command's own)
+        # (no `--`: the options after it would be the command's own; -o json: the answer)
         Case(
             "instance exec",
             lambda: [iid, "echo", "exec-ok"],
             False,
-            lambda out: out == "exec-ok\n",
+            lambda out: json.loads(out)["stdout"]["data"] == "exec-ok\n",
             process=True,
         ),
         # (port 1: nothing listens there, so the verb says so at once and ends)
