@@ -243,7 +243,9 @@ async def test_a_real_guest_on_a_namespace_host_enrolls_serves_and_outlives_a_li
         if status == 202:
             op = await asyncio.to_thread(wait_op, srv, op, 600)
             assert op["state"] == "failed", op
-            assert f"host {name} is unreachable" in json.dumps(op["error"]), op["error"]
+            # placement refuses it, naming the host and why ("… {name}: unreachable")
+            assert op["error"]["stage"] == "placing", op["error"]
+            assert f"{name}: unreachable" in op["error"]["cause"], op["error"]
         else:
             assert status in (409, 422, 503), (status, op)
         status, pinned = srv.api("GET", f"/api/v2/admin/instances/{PINNED}")
