@@ -256,25 +256,7 @@ class CertificateAuthority:
         if not INSTANCE_RE.match(instance_id):
             raise CertificateError("invalid instance id")
         incarnation = str(uuid.UUID(incarnation))
-        try:
-            csr = x509.load_pem_x509_csr(csr_pem)
-        except ValueError as exc:
-            raise CertificateError(f"not a PEM certificate request: {exc}") from None
-        try:
-            valid = csr.is_signature_valid
-        except (InvalidSignature, ValueError):
-            valid = False
-        if not valid:
-            raise CertificateError("the request's signature does not verify")
-        public_key = csr.public_key()
-        if isinstance(public_key, ec.EllipticCurvePublicKey):
-            if public_key.curve.name not in ("secp256r1", "secp384r1"):
-                raise CertificateError("EC keys must be P-256 or P-384")
-        elif isinstance(public_key, rsa.RSAPublicKey):
-            if public_key.key_size < 2048:
-                raise CertificateError("RSA keys must have at least 2048 bits")
-        elif not isinstance(public_key, ed25519.Ed25519PublicKey):
-            raise CertificateError("unsupported key type (use EC P-256/P-384, RSA or Ed25519)")
+        public_key = _csr_public_key(csr_pem, ed25519_ok=True)
         sans: list[x509.GeneralName] = [
             x509.UniformResourceIdentifier(instance_uri(instance_id)),
             x509.UniformResourceIdentifier(INCARNATION_PREFIX + incarnation),
@@ -316,25 +298,7 @@ class CertificateAuthority:
         host that made it."""
         if not names:
             raise CertificateError("name at least one address or DNS name of the host")
-        try:
-            csr = x509.load_pem_x509_csr(csr_pem)
-        except ValueError as exc:
-            raise CertificateError(f"not a PEM certificate request: {exc}") from None
-        try:
-            valid = csr.is_signature_valid
-        except (InvalidSignature, ValueError):
-            valid = False
-        if not valid:
-            raise CertificateError("the request's signature does not verify")
-        public_key = csr.public_key()
-        if isinstance(public_key, ec.EllipticCurvePublicKey):
-            if public_key.curve.name not in ("secp256r1", "secp384r1"):
-                raise CertificateError("EC keys must be P-256 or P-384")
-        elif isinstance(public_key, rsa.RSAPublicKey):
-            if public_key.key_size < 2048:
-                raise CertificateError("RSA keys must have at least 2048 bits")
-        else:
-            raise CertificateError("unsupported key type (use EC P-256/P-384 or RSA)")
+        public_key = _csr_public_key(csr_pem, ed25519_ok=False)
         sans: list[x509.GeneralName] = []
         for name in names:
             try:
@@ -360,3 +324,32 @@ class CertificateAuthority:
             cert.verify_directly_issued_by(self.certificate)
         except (ValueError, TypeError, InvalidSignature) as exc:
             raise CertificateError(f"certificate not issued by this CA: {exc}") from None
+
+
+def _csr_public_key(
+    csr_pem: bytes, *, ed25519_ok: bool
+) -> ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey:
+    """The public key of a certificate request whose signature verifies, of a kind and size
+    this CA signs (EC P-256/P-384, RSA ≥ 2048, and Ed25519 where `ed25519_ok`: libvirt's
+    GnuTLS TLS server keys are EC or RSA)."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as exc:
+        raise CertificateError(f"not a PEM certificate request: {exc}") from None
+    try:
+        valid = csr.is_signature_valid
+    except (InvalidSignature, ValueError):
+        valid = False
+    if not valid:
+        raise CertificateError("the request's signature does not verify")
+    public_key = csr.public_key()
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        if public_key.curve.name not in ("secp256r1", "secp384r1"):
+            raise CertificateError("EC keys must be P-256 or P-384")
+    elif isinstance(public_key, rsa.RSAPublicKey):
+        if public_key.key_size < 2048:
+            raise CertificateError("RSA keys must have at least 2048 bits")
+    elif not (ed25519_ok and isinstance(public_key, ed25519.Ed25519PublicKey)):
+        kinds = "EC P-256/P-384, RSA or Ed25519" if ed25519_ok else "EC P-256/P-384 or RSA"
+        raise CertificateError(f"unsupported key type (use {kinds})")
+    return public_key
