@@ -8,7 +8,6 @@ the guest forward (10.0.2.2:<agent port>) the way an agent would, so no Debian b
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import subprocess
@@ -19,17 +18,12 @@ import libvirt
 import pytest
 
 from agentic_sandbox.fleet import (
-    Fleet,
-    FleetConfig,
-    FleetError,
-    FleetEvent,
-    HostSpec,
     InstanceState,
     NoCapacity,
 )
-from tests.support import tiny_guest
 from tests.support.control_listener import ControlListener
 from tests.support.fleet_real_env import RealEnv, wait_log
+from tests.support.netns_fleet import namespace_fleet, tiny_guest_or_fail, tiny_images
 from tests.support.netns_libvirt import NamespaceHypervisor
 from tests.support.polling import until
 
@@ -65,57 +59,16 @@ def test_namespace_hypervisors_answer_over_tcp_on_their_address_only() -> None:
 @pytest.fixture
 async def far() -> AsyncIterator[tuple[RealEnv, NamespaceHypervisor]]:
     """A fleet whose one host is a namespace hypervisor, with the tiny guest's images on it."""
-    if os.geteuid() != 0:
-        pytest.fail("namespace hypervisors need root (ip netns, unshare -m)")
-    try:
-        guest = tiny_guest.build()
-    except tiny_guest.TinyGuestUnavailable as e:
-        pytest.fail(f"the real fleet tier cannot run: {e}")
+    guest = tiny_guest_or_fail()
     with NamespaceHypervisor("far") as h:
-        events: list[FleetEvent] = []
-        fleet = Fleet(
-            FleetConfig(
-                data_dir=str(h.root / "control"),
-                shutdown_timeout_s=3,
-                reconnect_initial_s=0.1,
-                reconnect_max_s=1.0,
-                keepalive_interval_s=1,
-                keepalive_count=3,
-            ),
-            on_event=events.append,
-        )
-        env = RealEnv(fleet, events, h.root, guest)
-        try:
-            await fleet.open(
-                [
-                    HostSpec(
-                        name="far",
-                        uri=h.uri,
-                        accel="tcg",
-                        files="remote",
-                        data_dir=h.data_dir,
-                        control_address=h.control_address,
-                    )
-                ]
-            )
-            for name, path in (
-                ("tiny-kernel", guest.kernel),
-                ("tiny-initrd", guest.initrd),
-                ("tiny-base", guest.base_disk),
-            ):
-                await fleet.import_image(name, str(path), host="far")
-                # uploaded over the network, read back over a stream and checked: marked
+        async with namespace_fleet(h, guest, "far", h.uri) as env:
+            # uploaded over the network, read back over a stream and checked: marked
+            for name, path in tiny_images(guest):
                 with open(path, "rb") as src:
                     want = hashlib.file_digest(src, "sha256").hexdigest()
-                assert await fleet.hosts["far"].volumes.verified_digest("bases", name) == want
+                got = await env.fleet.hosts["far"].volumes.verified_digest("bases", name)
+                assert got == want, name
             yield env, h
-        finally:
-            with contextlib.suppress(Exception):
-                h.link(up=True)
-            for inst in list(fleet.index):
-                with contextlib.suppress(FleetError, Exception):
-                    await fleet.delete(inst)
-            await fleet.close()
 
 
 async def test_a_guest_on_a_namespace_host_reaches_its_control_address_and_outlives_a_cut(

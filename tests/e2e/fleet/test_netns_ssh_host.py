@@ -23,18 +23,14 @@ import asyncssh
 import pytest
 
 from agentic_sandbox.fleet import (
-    Fleet,
-    FleetConfig,
-    FleetError,
-    FleetEvent,
     FleetEventKind,
     HostSpec,
     NoCapacity,
 )
-from tests.support import tiny_guest
 from tests.support.control_listener import ControlListener
 from tests.support.fleet_real_env import RealEnv, wait_log
 from tests.support.lifetime import die_with_parent
+from tests.support.netns_fleet import namespace_fleet, tiny_guest_or_fail
 from tests.support.netns_libvirt import NamespaceHypervisor
 
 pytestmark = pytest.mark.libvirt_real
@@ -80,12 +76,7 @@ def ssh_endpoint(
 
 @pytest.fixture
 async def ssh_host(tmp_path: Path) -> AsyncIterator[tuple[RealEnv, NamespaceHypervisor, Path]]:
-    if os.geteuid() != 0:
-        pytest.fail("namespace hypervisors need root (ip netns, unshare -m)")
-    try:
-        guest = tiny_guest.build()
-    except tiny_guest.TinyGuestUnavailable as e:
-        pytest.fail(f"the real fleet tier cannot run: {e}")
+    guest = tiny_guest_or_fail()
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
     asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(keys / "host"))
@@ -99,48 +90,15 @@ async def ssh_host(tmp_path: Path) -> AsyncIterator[tuple[RealEnv, NamespaceHype
         NamespaceHypervisor("ssh") as h,
         ssh_endpoint(h, SSH_PORT, keys / "host", keys / "authorized"),
     ):
-        events: list[FleetEvent] = []
-        fleet = Fleet(
-            FleetConfig(
-                data_dir=str(h.root / "control"),
-                shutdown_timeout_s=3,
-                reconnect_initial_s=0.1,
-                reconnect_max_s=1.0,
-                keepalive_interval_s=1,
-                keepalive_count=3,
-            ),
-            on_event=events.append,
-        )
-        env = RealEnv(fleet, events, h.root, guest)
-        try:
-            await fleet.open(
-                [
-                    HostSpec(
-                        name="ssh",
-                        uri=f"qemu+ssh://root@{h.address}:{SSH_PORT}/system",
-                        ssh_key_file=str(keys / "id"),
-                        ssh_known_hosts=str(known),
-                        accel="tcg",
-                        files="remote",
-                        data_dir=h.data_dir,
-                        control_address=h.control_address,
-                    )
-                ]
-            )
-            info = await fleet.host_info("ssh")
-            assert info.reachable, (info.reason, h.log_tail(1500))
-            for name, path in (
-                ("tiny-kernel", guest.kernel),
-                ("tiny-initrd", guest.initrd),
-                ("tiny-base", guest.base_disk),
-            ):
-                await fleet.import_image(name, str(path), host="ssh")
+        async with namespace_fleet(
+            h,
+            guest,
+            "ssh",
+            f"qemu+ssh://root@{h.address}:{SSH_PORT}/system",
+            ssh_key_file=str(keys / "id"),
+            ssh_known_hosts=str(known),
+        ) as env:
             yield env, h, keys
-        finally:
-            for inst in list(fleet.index):
-                with contextlib.suppress(FleetError, Exception):
-                    await fleet.delete(inst)
-            await fleet.close()
 
 
 async def test_a_guest_is_placed_on_a_host_reached_over_ssh_with_its_key_pinned(

@@ -10,7 +10,6 @@ the certificate, at once: no hang, the host unreachable, nothing placed on it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -23,17 +22,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from agentic_sandbox.broker.agentlink import CertificateAuthority
 from agentic_sandbox.fleet import (
-    Fleet,
-    FleetConfig,
-    FleetError,
-    FleetEvent,
     FleetEventKind,
     HostSpec,
     NoCapacity,
 )
-from tests.support import tiny_guest
 from tests.support.control_listener import ControlListener
 from tests.support.fleet_real_env import RealEnv, wait_log
+from tests.support.netns_fleet import namespace_fleet, tiny_guest_or_fail
 from tests.support.netns_libvirt import NamespaceHypervisor
 
 pytestmark = pytest.mark.libvirt_real
@@ -83,59 +78,15 @@ def client_pki(ca: CertificateAuthority, directory: Path) -> Path:
 async def tls_host(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[RealEnv, NamespaceHypervisor, CertificateAuthority]]:
-    if os.geteuid() != 0:
-        pytest.fail("namespace hypervisors need root (ip netns, unshare -m)")
-    try:
-        guest = tiny_guest.build()
-    except tiny_guest.TinyGuestUnavailable as e:
-        pytest.fail(f"the real fleet tier cannot run: {e}")
+    guest = tiny_guest_or_fail()
     ca = CertificateAuthority(tmp_path / "agent-ca")
     os.chmod(tmp_path, 0o755)  # libvirtd (root, in its mount namespace) reads its files there
     hv = NamespaceHypervisor("tls")  # its address is chosen now, the namespace made on entry
     hv.tls_dir = libvirtd_files(ca, tmp_path / "libvirtd-tls", hv.address)
     with hv as h:
-        events: list[FleetEvent] = []
-        fleet = Fleet(
-            FleetConfig(
-                data_dir=str(h.root / "control"),
-                shutdown_timeout_s=3,
-                reconnect_initial_s=0.1,
-                reconnect_max_s=1.0,
-                keepalive_interval_s=1,
-                keepalive_count=3,
-            ),
-            on_event=events.append,
-        )
-        env = RealEnv(fleet, events, h.root, guest)
-        try:
-            pki = client_pki(ca, tmp_path / "client-pki")
-            await fleet.open(
-                [
-                    HostSpec(
-                        name="tls",
-                        uri=h.tls_uri,
-                        tls_pki_dir=str(pki),
-                        accel="tcg",
-                        files="remote",
-                        data_dir=h.data_dir,
-                        control_address=h.control_address,
-                    )
-                ]
-            )
-            info = await fleet.host_info("tls")
-            assert info.reachable, (info.reason, h.log_tail(1500))
-            for name, path in (
-                ("tiny-kernel", guest.kernel),
-                ("tiny-initrd", guest.initrd),
-                ("tiny-base", guest.base_disk),
-            ):
-                await fleet.import_image(name, str(path), host="tls")
+        pki = client_pki(ca, tmp_path / "client-pki")
+        async with namespace_fleet(h, guest, "tls", h.tls_uri, tls_pki_dir=str(pki)) as env:
             yield env, h, ca
-        finally:
-            for inst in list(fleet.index):
-                with contextlib.suppress(FleetError, Exception):
-                    await fleet.delete(inst)
-            await fleet.close()
 
 
 async def test_a_guest_is_placed_on_a_host_reached_over_tls(
