@@ -154,10 +154,20 @@ class PortForward:
         return str(host), int(port)
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The connection's work runs in a task of its own, the one `close()` cancels: Python
+        # 3.11's start_server logs the cancellation of its callback's task as an error.
         self.connections += 1
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        work = asyncio.ensure_future(self._serve(reader, writer))
+        self._tasks.add(work)
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            self._tasks.discard(work)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
                 tunnel = await Tunnel.open(self._t, self.instance_id, self.port)
@@ -171,8 +181,6 @@ class PortForward:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-            if task is not None:
-                self._tasks.discard(task)
 
     async def serve_forever(self) -> None:
         assert self._server is not None, "start() it first"

@@ -5,11 +5,15 @@ dev server plays in the ports tests (next to a host agent, which reaches it on 1
         up.port                  # GET /hello, /headers (the request's headers as JSON),
                                  # /bytes?n=N (N bytes, streamed), POST /echo (the body back),
                                  # /ws (a WebSocket echo)
+        up.eof_port              # raw TCP: reads until the peer's half-close, then answers
+                                 # b"got N bytes" and closes (aiohttp's server, like many,
+                                 # drops an answer when the request and the EOF come together)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -63,9 +67,21 @@ async def _ws(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+async def _answer_after_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    got = 0
+    while data := await reader.read(CHUNK):
+        got += len(data)
+    writer.write(f"got {got} bytes".encode())
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+    writer.close()
+
+
 class Upstream:
     def __init__(self) -> None:
         self.port = 0
+        self.eof_port = 0
+        self._eof_server: asyncio.Server | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -89,10 +105,17 @@ class Upstream:
         await site.start()
         server: Any = site._server
         self.port = int(server.sockets[0].getsockname()[1])
+        self._eof_server = await asyncio.start_server(_answer_after_eof, "127.0.0.1", 0)
+        self.eof_port = int(self._eof_server.sockets[0].getsockname()[1])
+
+    async def _stop(self) -> None:
+        if self._eof_server is not None:
+            self._eof_server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()

@@ -332,13 +332,17 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         #   before the agent knows the server's view.
         # - Teardown is close, stop the reader, tell the handler, and detach last — in a
         #   `finally`, so a cancelled stream still reaches the handler's `on_disconnect`.
-        ident = await self._identity(context, "connect")
-        peer = context.peer()
+        # - The opening message is read before the certificate is judged: a refusal that
+        #   arrives while the agent's first write is still in flight reaches a grpc.aio client
+        #   as INTERNAL instead of the refusal's code (grpc/grpc#36066), and the agent decides
+        #   on that code whether to back off for good.
         first: pb.AgentMessage | None
         try:
             first = await asyncio.wait_for(anext(request_iterator), REGISTER_TIMEOUT)
         except (TimeoutError, StopAsyncIteration):
             first = None
+        ident = await self._identity(context, "connect")
+        peer = context.peer()
         if first is None or first.WhichOneof("body") != "register":
             self._refuse(
                 "connect",

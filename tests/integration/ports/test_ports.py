@@ -149,14 +149,14 @@ async def test_port_forward_through_the_sdk(
                 async with http.get(f"http://127.0.0.1:{local}/bytes?n={4 * MiB}") as resp:
                     assert len(await resp.read()) == 4 * MiB
             assert fwd.connections >= 4 and not fwd.failures
-        # a raw tunnel: half-close, then the answer
-        async with await client.instances.tunnel(agent.instance_id, upstream.port) as t:
-            await t.write(b"GET /hello HTTP/1.0\r\nHost: x\r\n\r\n")
+        # a raw tunnel: the port answers only once it reads our half-close
+        async with await client.instances.tunnel(agent.instance_id, upstream.eof_port) as t:
+            await t.write(b"x" * 100_000)
             await t.write_eof()
             got = b""
             while data := await t.read():
                 got += data
-            assert got.startswith(b"HTTP/1.") and got.endswith(b"hello from /hello")
+            assert got == b"got 100000 bytes" and not t.error
     # the blocking client does the same
     with (
         Client(sandbox_server.url, sandbox_server.admin_token) as sync,
