@@ -115,13 +115,26 @@ class Server:
         self._banner(token_path)
         return svc
 
-    async def _lead(self) -> None:
-        """This node leads: take the event sequence over and start every component."""
+    async def _lead(self, *, announce: bool = False) -> None:
+        """This node leads: take the event sequence over and start every component. An
+        elected node says so first: `cluster.leader_changed` is the new term's first event."""
         assert self.svc is not None
         if self._tail is not None:  # the bus pulls the last of the old leader's events itself
             await self._tail.stop()
             self._tail = None
         await self.svc.events.lead()
+        if announce and self.cluster is not None:
+            me = self.cluster.me
+            self.svc.events.publish(
+                "cluster.leader_changed",
+                actor=f"node:{me.node}",
+                data={
+                    "node": me.node,
+                    "url": me.url,
+                    "term": self.cluster.term,
+                    "previous": self.cluster.previous_leader,
+                },
+            )
         for component in self.components:
             await component.start()
             self._started.append(component)
@@ -132,7 +145,7 @@ class Server:
         assert self.cluster is not None
         await self.cluster.elected()
         try:
-            await self._lead()
+            await self._lead(announce=True)
         except Exception:
             log.exception("starting as the leader failed")
             self.exit_code = 1

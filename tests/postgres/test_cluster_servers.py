@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.support.server import ServerProcess
+from tests.support.sessions import events
 
 TIMEOUT = 60.0  # generous for a loaded 2-core machine; every wait polls a condition
 
@@ -147,6 +148,18 @@ async def test_two_servers_one_leader_redirect_and_failover(pg_url: str, tmp_pat
             leader, "POST", "/api/v2/admin/tokens", {"subject": "d", "role": "viewer"}
         )
         assert status == 201
+
+        # each new term's first event says who leads now and who led before (a kill -9 too)
+        fname = "n2" if lname == "n1" else "n1"
+        changes = [
+            (e["data"]["node"], e["data"]["term"], e["data"]["previous"], e["data"]["url"])
+            for e in events(leader, "cluster.leader_changed")
+        ]
+        assert changes[0][:2] == (lname, term)
+        assert changes[1:] == [
+            (fname, term + 1, lname, follower.url),
+            (lname, term + 2, fname, leader.url),
+        ]
     finally:
         n1.stop()
         n2.stop()

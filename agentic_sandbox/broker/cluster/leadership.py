@@ -69,6 +69,7 @@ class Elector:
         self._role = Role.follower
         self._term: int | None = None
         self._leader: LeaderInfo | None = None
+        self._previous: str | None = None
         self._elected = asyncio.Event()
         self._lost_callbacks: list[Callable[[str], None]] = []
         self._lost = False
@@ -91,6 +92,10 @@ class Elector:
     @property
     def leader(self) -> LeaderInfo | None:
         return self._leader
+
+    @property
+    def previous_leader(self) -> str | None:
+        return self._previous
 
     def on_lost(self, fn: Callable[[str], None]) -> None:
         self._lost_callbacks.append(fn)
@@ -163,6 +168,11 @@ class Elector:
             await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key})
         ).scalar()
         if got:
+            # the lock is ours: nothing else writes the row between this read and the bump
+            before = (
+                await conn.execute(select(TERM.leader_node).where(TERM.id == 1))
+            ).scalar_one_or_none()
+            self._previous = before or None
             term = (
                 await conn.execute(
                     update(TERM)

@@ -90,6 +90,10 @@ class SingleNode:
     def leader(self) -> LeaderInfo | None:
         return LeaderInfo(self.me.node, self.me.url, self.me.grpc)
 
+    @property
+    def previous_leader(self) -> str | None:
+        return None
+
     def on_lost(self, fn: Callable[[str], None]) -> None:
         pass  # never lost
 

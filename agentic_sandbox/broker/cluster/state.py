@@ -45,6 +45,10 @@ class Leadership(Protocol):
     @property
     def leader(self) -> LeaderInfo | None: ...
 
+    @property
+    def previous_leader(self) -> str | None:
+        """The node that led the term before this node's (None: none did, or no terms)."""
+
     def on_lost(self, fn: Callable[[str], None]) -> None:
         """`fn(reason)` runs once when this node stops being the leader without asking to."""
 

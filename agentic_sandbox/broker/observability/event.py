@@ -18,6 +18,7 @@ EVENT_TYPE_PREFIXES = (
     "operation.",
     "stream.",
     "egress.",
+    "cluster.",
 )
 
 # The optional subject fields of an event, which filters and the log's columns share.
