@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -14,9 +16,14 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from agentic_sandbox.images import ImageStore
+from tests.support.fake_images import publish_fake
+from tests.support.fixtures import TEST_SERVER_ENV
+from tests.support.libvirt_testdriver import node_uri
 from tests.support.server import ServerProcess
 from tests.support.sessions import events
 
+IMAGE = "fake-0123456789ab"
 TIMEOUT = 60.0  # generous for a loaded 2-core machine; every wait polls a condition
 
 
@@ -192,3 +199,72 @@ async def test_leader_that_loses_its_lock_connection_exits_75(pg_url: str, tmp_p
         await admin.dispose()
         n1.stop()
         n2.stop()
+
+
+async def test_an_operation_the_dead_leader_ran_fails_naming_the_failover(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A provision still waiting for its agent when the leader is killed: the new leader
+    fails it, saying which leader stopped and who leads now, as the row and as an event."""
+    # readiness checks that QEMU's user can traverse to the disks: not below pytest's 0700
+    # folders (which any other pytest run on the machine resets to 0700)
+    data = Path(tempfile.mkdtemp(prefix="failover-op-", dir="/var/tmp"))
+    data.chmod(0o755)
+    env = {
+        **TEST_SERVER_ENV,
+        "SANDBOX_LIBVIRT_URI": node_uri(tmp_path, "hv"),
+        "SANDBOX_KVM_PROBE": "false",
+    }
+    n1 = ServerProcess(
+        data / "data",
+        env={**env, "SANDBOX_NODE_NAME": "n1", "SANDBOX_DATABASE_URL": pg_url},
+        log_path=tmp_path / "n1.log",
+    )
+    n2 = ServerProcess(
+        data / "data",
+        env={**env, "SANDBOX_NODE_NAME": "n2", "SANDBOX_DATABASE_URL": pg_url},
+        log_path=tmp_path / "n2.log",
+    )
+    publish_fake(ImageStore(n1.data_dir / "images"), IMAGE, recipe_name="fake")
+    try:
+        n1.start(TIMEOUT)
+        assert roles(n1)[0] is n1
+        n2.start(TIMEOUT)
+        roles(n1, n2)
+        # no agent enrolls on the test driver: the provision waits for it, running
+        status, _, op = request(
+            n1, "POST", "/api/v2/admin/instances", {"id": "w-1", "image": IMAGE}
+        )
+        assert status == 202, op
+        deadline = time.monotonic() + TIMEOUT
+        while op["stage"] != "enrolling":
+            assert time.monotonic() < deadline and op["state"] == "running", op
+            time.sleep(0.2)
+            _, _, op = request(n1, "GET", f"/api/v2/admin/operations/{op['id']}")
+
+        n1.kill9()
+        leader, docs = roles(n2)
+        assert leader is n2
+        term = docs[0]["term"]
+        status, _, after = request(n2, "GET", f"/api/v2/admin/operations/{op['id']}")
+        assert status == 200, after
+        cause = f"the leader n1 stopped; n2 leads now (term {term})"
+        assert after["state"] == "failed", after
+        assert after["error"] == {"stage": "enrolling", "cause": cause}, after
+        failed = [
+            e["data"]
+            for e in events(n2, "operation.failed")
+            if e["data"]["operation_id"] == op["id"]
+        ]
+        assert failed == [
+            {
+                "operation_id": op["id"],
+                "kind": "provision",
+                "subject": "w-1",
+                "error": {"stage": "enrolling", "cause": cause},
+            }
+        ]
+    finally:
+        n1.stop()
+        n2.stop()
+        shutil.rmtree(data, ignore_errors=True)

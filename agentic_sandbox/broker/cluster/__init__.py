@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from agentic_sandbox.broker.cluster.leadership import ELECTION_KEY, Elector
 from agentic_sandbox.broker.cluster.single import DataDirBusy, DataDirLock, SingleNode
-from agentic_sandbox.broker.cluster.state import LeaderInfo, Leadership, NodeInfo, Role
+from agentic_sandbox.broker.cluster.state import (
+    LeaderInfo,
+    Leadership,
+    NodeInfo,
+    Role,
+    interruption,
+)
 from agentic_sandbox.broker.cluster.tail import EventTail
 from agentic_sandbox.broker.store import Fenced
 
@@ -26,4 +32,5 @@ __all__ = [
     "NodeInfo",
     "Role",
     "SingleNode",
+    "interruption",
 ]

@@ -59,3 +59,14 @@ class Leadership(Protocol):
 
     async def stop(self) -> None:
         """Give up leadership (after the last write) and close."""
+
+
+def interruption(cluster: Leadership | None) -> str:
+    """Why work that was running when this node began to lead cannot go on: the server
+    restarted, or (a failover) the node that led before stopped."""
+    if cluster is None or cluster.role is not Role.leader:
+        return "the server restarted"
+    prev = cluster.previous_leader
+    if prev and prev != cluster.me.node:
+        return f"the leader {prev} stopped; {cluster.me.node} leads now (term {cluster.term})"
+    return f"the server restarted ({cluster.me.node} leads term {cluster.term})"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from agentic_sandbox.broker.cluster import interruption
 from agentic_sandbox.broker.instances.access import FleetGate
 from agentic_sandbox.broker.instances.mirror import apply_record
 from agentic_sandbox.broker.operations import OperationFailed, OperationRunner, Progress
@@ -187,6 +188,7 @@ class Provisioning:
                 )
             ).all()
             interrupted = [(r.id, r.incarnation) for r in rows]
+        why = interruption(self._svc.cluster)
         for instance_id, incarnation in interrupted:
             log.warning(
                 "provision of %s was interrupted by a server restart; cleaning it up",
@@ -198,12 +200,12 @@ class Provisioning:
                     await self._fleet.delete(instance_id)
                 except Exception:
                     log.exception("deleting the half-made %s failed", instance_id)
-            await self.abandon(instance_id, incarnation, "server", "the server restarted")
+            await self.abandon(instance_id, incarnation, "server", why)
             self._svc.events.publish(
                 "instance.provision_failed",
                 actor="server",
                 instance_id=instance_id,
-                data={"stage": "unknown", "cause": "the server restarted during provisioning"},
+                data={"stage": "unknown", "cause": f"{why}, during provisioning"},
             )
         seeds = self.work_dir / "seeds"
         for stale in seeds.glob("*.iso*") if seeds.is_dir() else ():

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from agentic_sandbox.broker.cluster import interruption
 from agentic_sandbox.broker.observability.logs import correlation_id
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
@@ -84,16 +85,29 @@ class OperationRunner:
         self._lock = asyncio.Lock()  # progress updates are applied one at a time, in order
 
     async def start(self) -> None:
-        # Operations that were running when the server stopped cannot be resumed: say so.
+        # Operations that were running when the server (or the leader) stopped cannot be
+        # resumed: each fails, saying why, as a row and as an `operation.failed` event.
+        cause = interruption(self._svc.cluster)
         async with self._svc.db.session() as s:
             rows = (
                 await s.scalars(
                     select(m.Operation).where(m.Operation.state.in_(("pending", "running")))
                 )
             ).all()
+            ended = []
             for op in rows:
                 op.state = "failed"
-                op.error = {"stage": op.stage or "pending", "cause": "the server restarted"}
+                op.error = {"stage": op.stage or "pending", "cause": cause}
+                op.updated_at = dt.datetime.now(dt.UTC)
+                ended.append((op.id, op.kind, op.subject_type, op.subject_id, op.owner, op.error))
+        for op_id, kind, subject_type, subject_id, owner, error in ended:
+            self._svc.events.publish(
+                "operation.failed",
+                actor="server",
+                owner=owner,
+                instance_id=subject_id if subject_type == "instance" else None,
+                data={"operation_id": op_id, "kind": kind, "subject": subject_id, "error": error},
+            )
         self._writer = asyncio.create_task(self._write_loop(), name="operation-writer")
 
     async def stop(self) -> None:
