@@ -166,6 +166,8 @@ class PortForward:
             raise
         finally:
             self._tasks.discard(work)
+        if not work.cancelled() and (exc := work.exception()) is not None:
+            log.warning("port %d: a forwarded connection failed: %r", self.port, exc)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -191,8 +191,9 @@ class Provisioning:
         why = interruption(self._svc.cluster)
         for instance_id, incarnation in interrupted:
             log.warning(
-                "provision of %s was interrupted by a server restart; cleaning it up",
+                "provision of %s was interrupted (%s); cleaning it up",
                 instance_id,
+                why,
                 extra={"instance_id": instance_id},
             )
             if self._gate.opened:
