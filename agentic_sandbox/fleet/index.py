@@ -124,7 +124,12 @@ class InstanceIndex(Mapping[str, Entry]):
             else FleetEventKind.INSTANCE_STATE_CHANGED
         )
         self._ctx.emit(
-            kind, host=e.record.host, instance_id=e.record.instance_id, state=state, detail=reason
+            kind,
+            host=e.record.host,
+            instance_id=e.record.instance_id,
+            incarnation=e.record.incarnation,
+            state=state,
+            detail=reason,
         )
 
     def announce_created(self, e: Entry, detail: str = "") -> None:
@@ -132,6 +137,7 @@ class InstanceIndex(Mapping[str, Entry]):
             FleetEventKind.INSTANCE_CREATED,
             host=e.record.host,
             instance_id=e.record.instance_id,
+            incarnation=e.record.incarnation,
             state=e.state,
             detail=detail,
         )

@@ -295,6 +295,7 @@ class Lifecycle:
             FleetEventKind.INSTANCE_DELETED,
             host=e.record.host,
             instance_id=instance_id,
+            incarnation=e.record.incarnation,
             detail="deleted",
         )
 

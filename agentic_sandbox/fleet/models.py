@@ -452,6 +452,9 @@ class FleetEvent(BaseModel):
     kind: FleetEventKind
     host: str | None = None
     instance_id: str | None = None
+    # the incarnation of the instance the event is about (an id can be used again: a late
+    # event of a deleted instance must not touch its successor)
+    incarnation: str | None = None
     state: InstanceState | None = None
     detail: str = ""
     at: datetime = Field(default_factory=utcnow)

@@ -72,6 +72,7 @@ class Monitor:
             FleetEventKind.INSTANCE_CRASHED,
             host=record.host,
             instance_id=record.instance_id,
+            incarnation=record.incarnation,
             state=InstanceState.CRASHED,
             detail=why,
         )
@@ -86,6 +87,7 @@ class Monitor:
                 FleetEventKind.INSTANCE_CRASH_LOOP,
                 host=record.host,
                 instance_id=record.instance_id,
+                incarnation=record.incarnation,
                 state=InstanceState.CRASHED,
                 detail=e.reason + "; automatic restarts stopped",
             )

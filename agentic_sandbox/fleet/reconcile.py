@@ -91,6 +91,7 @@ class Reconciler:
                     FleetEventKind.INSTANCE_ADOPTED,
                     host=h.name,
                     instance_id=rec.instance_id,
+                    incarnation=rec.incarnation,
                     state=state,
                     detail=f"domain {s.name} found in libvirt",
                 )

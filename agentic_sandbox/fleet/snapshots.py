@@ -48,6 +48,7 @@ class Snapshots:
             FleetEventKind.SNAPSHOT_CREATED,
             host=e.record.host,
             instance_id=instance_id,
+            incarnation=e.record.incarnation,
             detail=name,
         )
         return info
@@ -77,6 +78,7 @@ class Snapshots:
             FleetEventKind.SNAPSHOT_REVERTED,
             host=e.record.host,
             instance_id=instance_id,
+            incarnation=e.record.incarnation,
             state=e.state,
             detail=name,
         )
@@ -94,5 +96,6 @@ class Snapshots:
                 FleetEventKind.SNAPSHOT_DELETED,
                 host=e.record.host,
                 instance_id=instance_id,
+                incarnation=e.record.incarnation,
                 detail=name,
             )

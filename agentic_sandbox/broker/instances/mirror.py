@@ -150,7 +150,15 @@ class InstanceMirror:
             # A deleted VM's row is not touched: the fleet deletes only when the server asks,
             # and whoever asked ends the instance itself (`end_instance`, or `abandon` for a
             # provision) — a row marked deleted here would make that skip the incarnation.
-            if row is not None and ev.state is not None and kind != "instance.deleted":
+            # Nor is a row the event is not about: an instance already ended (a late event of
+            # its last moments), or another incarnation under the same id.
+            if (
+                row is not None
+                and ev.state is not None
+                and kind != "instance.deleted"
+                and row.deleted_at is None
+                and (ev.incarnation is None or ev.incarnation == row.incarnation)
+            ):
                 before = row.state
                 if row.state != "provisioning":  # a provision's outcome is its own to record
                     row.state = ev.state.value

@@ -66,13 +66,36 @@ def alembic_config(connection: Connection | None = None) -> AlembicConfig:
     return cfg
 
 
-def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+def _sqlite_connected(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+    _stop_at_most_once(dbapi_conn.driver_connection)
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=5000")
     cur.close()
+
+
+def _stop_at_most_once(driver: Any) -> None:
+    """Make an aiosqlite connection's ``stop()`` do nothing after its first call.
+
+    A query cancelled twice — once mid-statement, once while SQLAlchemy closes the invalidated
+    connection — makes SQLAlchemy stop the aiosqlite thread while its shielded graceful
+    ``close()`` still runs; that ``close()`` ends with a second ``stop()`` whose future is
+    queued behind the first one's sentinel, after the thread has left, and it waits forever. A
+    task waiting forever keeps ``asyncio.run`` (the server's exit after SIGTERM) from
+    returning. (SQLAlchemy 2.1 with aiosqlite 0.22.)"""
+    first_stop = driver.stop
+    stopped = False
+
+    def stop() -> Any:
+        nonlocal stopped
+        if stopped:
+            return None  # aiosqlite's close() waits on the future only when there is one
+        stopped = True
+        return first_stop()
+
+    driver.stop = stop
 
 
 def _private_sqlite_file(path: Path) -> None:
@@ -119,7 +142,7 @@ class Database:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.dialect == "sqlite":
-            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine.sync_engine, "connect", _sqlite_connected)
         self.sessions = async_sessionmaker(
             self.engine, expire_on_commit=False, sync_session_class=_Session
         )

@@ -432,3 +432,61 @@ async def test_a_delete_ends_the_incarnation_when_the_fleet_answers_late(
     _, audit, _ = await r.call("GET", "/api/v2/admin/audit?subject_type=instance&subject_id=late-1")
     ends = [a["actor"] for a in audit["items"] if a["to_state"] == "deleted"]
     assert ends == ["token:admin"], audit["items"]
+
+
+async def test_a_late_fleet_event_touches_neither_the_ended_instance_nor_its_successor(
+    fleet_server: Running,
+) -> None:
+    """The mirror applies fleet events in order, behind the API: a state change of an instance's
+    last moments can arrive after it was deleted (seen in CI: ``deleted`` then ``shutoff`` in
+    the audit), or after its id was created again. Neither row changes."""
+    from agentic_sandbox.fleet import FleetEvent, FleetEventKind, InstanceState
+
+    r = fleet_server
+    mirror = next(c for c in r.server.components if isinstance(c, FleetComponent)).mirror
+
+    async def late_event(incarnation: str, detail: str) -> None:
+        mirror.on_event(
+            FleetEvent(
+                kind=FleetEventKind.INSTANCE_STATE_CHANGED,
+                host="local",
+                instance_id="again",
+                incarnation=incarnation,
+                state=InstanceState.SHUTOFF,
+                detail=detail,
+            )
+        )
+        for _ in range(200):  # the mirror republishes each event once it has applied it
+            _, page, _ = await r.call("GET", "/api/v1/events?instance_id=again&limit=200")
+            if any((e["data"] or {}).get("detail") == detail for e in page["items"]):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the mirror did not handle {detail}")
+
+    async def transitions() -> list[tuple[str | None, str]]:
+        _, audit, _ = await r.call(
+            "GET", "/api/v2/admin/audit?subject_type=instance&subject_id=again&limit=200"
+        )
+        return [(a["from_state"], a["to_state"]) for a in audit["items"] if a["to_state"]]
+
+    assert (await create(r, {"id": "again", "image": IMAGE, "wait_ready": False}))[
+        "state"
+    ] == "succeeded"
+    _, first, _ = await r.call("GET", "/api/v2/admin/instances/again")
+    status, _, _ = await r.call("DELETE", "/api/v2/admin/instances/again")
+    assert status == 204
+    await late_event(first["incarnation"], "late stop of the first")
+    assert (await transitions())[-1][1] == "deleted"
+    status, _, _ = await r.call("GET", "/api/v2/admin/instances/again")
+    assert status == 404
+
+    assert (await create(r, {"id": "again", "image": IMAGE, "wait_ready": False}))[
+        "state"
+    ] == "succeeded"
+    _, second, _ = await r.call("GET", "/api/v2/admin/instances/again")
+    assert second["incarnation"] != first["incarnation"]
+    before = await transitions()
+    await late_event(first["incarnation"], "late stop of the first, again")
+    _, now, _ = await r.call("GET", "/api/v2/admin/instances/again")
+    assert now["state"] == "running", now
+    assert await transitions() == before
