@@ -1,6 +1,7 @@
 """gRPC channels to the server: the link (mutual TLS) and enrollment (server TLS).
 
-A host agent dials the server's listeners directly (`server`, `enroll_server`). A guest's
+A host agent dials a control host's listeners directly (the `ControlAddress` it dials now,
+`controls.py`). A guest's
 agent reaches the control plane through its guest forward, whose host side is the server's
 guest link gateway: it dials the names `link.agentic-sandbox.invalid` and
 `enroll.agentic-sandbox.invalid` with the gateway as its HTTP CONNECT proxy (gRPC's own proxy
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import grpc
 
 from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
 
 Service = Literal["link", "enroll"]
@@ -41,17 +43,21 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def target_and_options(cfg: AgentConfig, service: Service) -> tuple[str, list[tuple[str, Any]]]:
+def target_and_options(
+    cfg: AgentConfig, service: Service, control: ControlAddress
+) -> tuple[str, list[tuple[str, Any]]]:
     options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", cfg.server_name)]
     if cfg.gateway:
         options.append(("grpc.http_proxy", f"http://{cfg.gateway}"))
         return GATEWAY_NAMES[service], options
     options.append(("grpc.enable_http_proxy", 0))
-    return (cfg.server if service == "link" else cfg.enroll_server), options
+    return (control.link if service == "link" else control.enroll), options
 
 
-def open_channel(cfg: AgentConfig, creds: Credentials, service: Service) -> grpc.aio.Channel:
-    target, options = target_and_options(cfg, service)
+def open_channel(
+    cfg: AgentConfig, creds: Credentials, service: Service, control: ControlAddress
+) -> grpc.aio.Channel:
+    target, options = target_and_options(cfg, service, control)
     return grpc.aio.secure_channel(
         target, creds.channel_credentials(client_cert=service == "link"), options=options
     )

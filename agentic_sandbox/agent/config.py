@@ -1,7 +1,9 @@
 """agent-client configuration: a TOML file (`--config`) and command-line flags (flags win).
 
-server = "127.0.0.1:8120"           # the mutual-TLS agent link (Connect, Renew), host agents
-enroll_server = "127.0.0.1:8121"    # server-auth TLS listener for Enroll (default: port 8121)
+server = "127.0.0.1:8120"           # the mutual-TLS agent link (Connect, Renew), host agents;
+                                    # several control hosts: "a:8120,b:8120" (controls.py)
+enroll_server = "127.0.0.1:8121"    # server-auth TLS listener for Enroll, one per server in the
+                                    # same order (default: each server's host, port 8121)
 gateway = "10.0.2.2:8124"           # in guests: the guest link gateway through the forward
                                     # (then server and enroll_server are not used)
 server_name = "agentic-sandbox-server"
@@ -20,6 +22,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from agentic_sandbox.agent.controls import ControlAddress
 
 INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 DEFAULT_SERVER = "10.0.2.2:8120"
@@ -75,9 +79,18 @@ class AgentConfig:
             value = getattr(self, key)
             if key in ("gateway", "egress_listen") and not value:
                 continue
-            host, sep, port = value.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            items = _split(value) if key in ("server", "enroll_server") else [value]
+            if not items:
                 raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+            for item in items:
+                host, sep, port = item.rpartition(":")
+                if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ConfigError(f"{key}: expected HOST:PORT, got {item!r}")
+        if len(_split(self.enroll_server)) != len(_split(self.server)):
+            raise ConfigError(
+                f"enroll_server: one address per server ({len(_split(self.server))}), "
+                f"got {self.enroll_server!r}"
+            )
         if self.egress_ca_file and not self.egress_ca_file.startswith("/"):
             raise ConfigError(f"egress_ca_file: an absolute path, got {self.egress_ca_file!r}")
         if self.egress_ca_bundle and not self.egress_ca_bundle.startswith("/"):
@@ -97,6 +110,13 @@ class AgentConfig:
         if self.log_format not in ("json", "text"):
             raise ConfigError("log_format: json or text")
         return self
+
+    def control_addresses(self) -> list[ControlAddress]:
+        """Every control host's (link, enrollment) address, in the configured order."""
+        return [
+            ControlAddress(link, enroll)
+            for link, enroll in zip(_split(self.server), _split(self.enroll_server), strict=True)
+        ]
 
     def token(self) -> str:
         """The enrollment token (read from its file each time: an operator may replace it)."""
@@ -144,13 +164,26 @@ class AgentConfig:
         return self.state_dir / "cert.json"
 
 
+def _split(value: str) -> list[str]:
+    """A comma-separated list of addresses (a TOML list is joined before it gets here)."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def default_enroll(servers: str) -> str:
+    """Each server's host with the enrollment port (8121)."""
+    return ",".join(f"{s.rpartition(':')[0]}:{DEFAULT_ENROLL_PORT}" for s in _split(servers))
+
+
 _PATHS = {"ca_cert", "enrollment_token_file", "state_dir", "config_path"}
 _BOOLS = {"seed_identity"}
 _FLOATS = {"initial_backoff", "max_backoff"}
 _INTS = {"ring_bytes", "max_sessions", "max_streams"}
+_LISTS = {"server", "enroll_server"}  # TOML may give either as a list
 
 
 def _coerce(key: str, value: Any) -> Any:
+    if key in _LISTS and isinstance(value, list):
+        return ",".join(str(v) for v in value)
     if key in _PATHS:
         return Path(str(value)) if value not in (None, "") else None
     if key in _FLOATS:
@@ -172,8 +205,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, help="TOML file (flags override it)")
     p.add_argument("--instance-id", help="this instance's id")
-    p.add_argument("--server", help=f"agent link HOST:PORT (default {DEFAULT_SERVER})")
-    p.add_argument("--enroll-server", help="enrollment HOST:PORT (default: server host, 8121)")
+    p.add_argument(
+        "--server",
+        help=f"agent link HOST:PORT (default {DEFAULT_SERVER}); several control hosts: "
+        "comma-separated, the agent follows the leader among them",
+    )
+    p.add_argument(
+        "--enroll-server",
+        help="enrollment HOST:PORT, one per --server (default: each server's host, port 8121)",
+    )
     p.add_argument(
         "--gateway", help="HOST:PORT of the guest link gateway (in guests, through the forward)"
     )
@@ -233,6 +273,5 @@ def load(args: argparse.Namespace) -> AgentConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     if not cfg.enroll_server:
-        host = cfg.server.rpartition(":")[0]
-        cfg.enroll_server = f"{host}:{DEFAULT_ENROLL_PORT}"
+        cfg.enroll_server = default_enroll(cfg.server)
     return cfg.validate()

@@ -17,6 +17,7 @@ import grpc
 from agentic_sandbox.agent import pki
 from agentic_sandbox.agent.channels import open_channel
 from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.controls import ControlAddress, leader_hint
 from agentic_sandbox.agent.credentials import Credentials, CredentialsMissing
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
@@ -30,9 +31,12 @@ class EnrollmentFailed(Exception):
     """Enrollment did not work; `refused` when the server (or this machine's setup) said no,
     as opposed to the server not being reachable."""
 
-    def __init__(self, message: str, *, refused: bool = True) -> None:
+    def __init__(
+        self, message: str, *, refused: bool = True, leader: tuple[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.refused = refused
+        self.leader = leader  # a follower named the leader: (node, address)
 
 
 REFUSED = (
@@ -47,13 +51,13 @@ def _until(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-async def enroll(cfg: AgentConfig, creds: Credentials) -> None:
+async def enroll(cfg: AgentConfig, creds: Credentials, control: ControlAddress) -> None:
     token = cfg.token()
     if not token:
         raise EnrollmentFailed("not enrolled and no enrollment token (set enrollment_token_file)")
     try:
         key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
-        channel = open_channel(cfg, creds, "enroll")
+        channel = open_channel(cfg, creds, "enroll", control)
     except (pki.PkiError, CredentialsMissing) as exc:
         raise EnrollmentFailed(str(exc)) from None
     try:
@@ -66,6 +70,7 @@ async def enroll(cfg: AgentConfig, creds: Credentials) -> None:
         raise EnrollmentFailed(
             f"enrollment {'refused' if refused else 'failed'} ({exc.code().name}): {exc.details()}",
             refused=refused,
+            leader=leader_hint(exc.trailing_metadata()),
         ) from None
     finally:
         await channel.close()
@@ -77,11 +82,17 @@ async def enroll(cfg: AgentConfig, creds: Credentials) -> None:
     )
 
 
-async def renew(cfg: AgentConfig, creds: Credentials, channel: grpc.aio.Channel | None) -> None:
-    """A new key and certificate, over `channel` (the live link's) or a channel of its own."""
+async def renew(
+    cfg: AgentConfig,
+    creds: Credentials,
+    control: ControlAddress,
+    channel: grpc.aio.Channel | None,
+) -> None:
+    """A new key and certificate, over `channel` (the live link's) or a channel of its own to
+    `control`."""
     key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
     own = channel is None
-    use = open_channel(cfg, creds, "link") if channel is None else channel
+    use = open_channel(cfg, creds, "link", control) if channel is None else channel
     try:
         resp = await pb_grpc.AgentLinkStub(use).Renew(
             pb.RenewRequest(csr_pem=csr), timeout=RPC_TIMEOUT

@@ -23,6 +23,7 @@ import grpc
 from agentic_sandbox.agent import enrollment
 from agentic_sandbox.agent.channels import open_channel
 from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
@@ -49,10 +50,13 @@ class LinkOwner(Protocol):
 
 
 class Link:
-    def __init__(self, owner: LinkOwner, cfg: AgentConfig, creds: Credentials) -> None:
+    def __init__(
+        self, owner: LinkOwner, cfg: AgentConfig, creds: Credentials, control: ControlAddress
+    ) -> None:
         self.owner = owner
         self.cfg = cfg
         self.creds = creds
+        self.control = control
         self.channel: grpc.aio.Channel | None = None
         self.call: Any = None
         self.up = False
@@ -68,7 +72,7 @@ class Link:
     async def run(self, on_up: Any = None) -> None:
         """Connect, register, and serve the connection until it ends (returns on a clean end,
         raises on a failure)."""
-        channel = self.channel = open_channel(self.cfg, self.creds, "link")
+        channel = self.channel = open_channel(self.cfg, self.creds, "link", self.control)
         tasks: list[asyncio.Task[None]] = []
         try:
             call = self.call = pb_grpc.AgentLinkStub(channel).Connect()
@@ -141,7 +145,7 @@ class Link:
             due = self.creds.renew_due()
             if now >= due:
                 try:
-                    await enrollment.renew(self.cfg, self.creds, self.channel)
+                    await enrollment.renew(self.cfg, self.creds, self.control, self.channel)
                     continue
                 except Exception as exc:
                     log.warning("certificate renewal failed: %s", exc)

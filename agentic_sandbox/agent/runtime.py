@@ -37,7 +37,8 @@ import grpc
 
 from agentic_sandbox.agent import cgroups, egress_trust, files, identity, pki
 from agentic_sandbox.agent import egress as agent_egress
-from agentic_sandbox.agent.config import AgentConfig
+from agentic_sandbox.agent.config import AgentConfig, default_enroll
+from agentic_sandbox.agent.controls import Controls, leader_hint
 from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
 from agentic_sandbox.agent.exec import ExecContext, ExecRun
@@ -105,6 +106,7 @@ class AgentRuntime:
         self.heartbeat_interval = DEFAULT_HEARTBEAT
         self.sysinfo = SysInfo()
         self.backoff = Backoff(config.initial_backoff, config.max_backoff)
+        self.controls = Controls(config.control_addresses())
         self.wake_event = asyncio.Event()
         self.seeds = SeedWatcher()
         self.link: Link | None = None
@@ -366,6 +368,9 @@ class AgentRuntime:
             value = getattr(seed, key)
             if value:
                 setattr(cfg, key, value)
+        if seed.server and not seed.enroll_server:
+            cfg.enroll_server = default_enroll(cfg.server)
+        self.controls = Controls(cfg.control_addresses())
         if seed.ca_pem and cfg.ca_cert is not None:
             cfg.ca_cert.write_text(seed.ca_pem)
             with contextlib.suppress(OSError):
@@ -413,9 +418,13 @@ class AgentRuntime:
     async def _enroll_until_done(self) -> None:
         backoff = Backoff(self.cfg.initial_backoff, self.cfg.max_backoff)
         while not self.creds.enrolled():
+            at = self.controls.current.enroll
             try:
-                await enroll(self.cfg, self.creds)
+                await enroll(self.cfg, self.creds, self.controls.current)
             except EnrollmentFailed as exc:
+                if self.controls.failed(exc.leader):  # another control host, at once
+                    log.warning("%s (at %s); trying %s", exc, at, self.controls.current.enroll)
+                    continue
                 delay = backoff.delay(None if exc.refused else UNREACHABLE_BACKOFF)
                 log.error("%s; retrying in %.1fs", exc, delay)
                 await self._pause(delay)
@@ -427,16 +436,17 @@ class AgentRuntime:
         if time.time() < self.creds.renew_due():
             return
         try:
-            await renew(self.cfg, self.creds, None)
+            await renew(self.cfg, self.creds, self.controls.current, None)
         except Exception as exc:
             log.warning("certificate renewal failed: %s", exc)
 
     def _on_link_up(self, link: Link) -> None:
         self.backoff.reset()
+        self.controls.succeeded()
         self._refresh_ssh_keys_if_due()
         log.info(
             "connected to %s as instance %s (%d sessions)",
-            self.cfg.gateway or self.cfg.server,
+            self.cfg.gateway or link.control.link,
             self.cfg.instance_id,
             len(self.sessions),
         )
@@ -473,8 +483,9 @@ class AgentRuntime:
             await self._enroll_until_done()
             while True:
                 cap: float | None = UNREACHABLE_BACKOFF
+                hint: tuple[str, str] | None = None
                 await self._renew_if_due()
-                link = self.link = Link(self, self.cfg, self.creds)
+                link = self.link = Link(self, self.cfg, self.creds, self.controls.current)
                 try:
                     await link.run(self._on_link_up)
                     log.warning("the server closed the link")
@@ -484,6 +495,7 @@ class AgentRuntime:
                         raise  # the agent is stopping
                 except grpc.aio.AioRpcError as exc:
                     refused = exc.code() in REFUSED
+                    hint = leader_hint(exc.trailing_metadata())
                     if refused:
                         cap = None
                     log.log(
@@ -499,6 +511,8 @@ class AgentRuntime:
                     self.streams.link_lost()
                 if self.seeds.changed.is_set():
                     self.seeds.changed.clear()
+                elif not self.cfg.gateway and self.controls.failed(hint):
+                    log.info("trying control host %s", self.controls.current.link)
                 else:
                     delay = self.backoff.delay(cap)
                     log.info("reconnecting in %.2fs", delay)

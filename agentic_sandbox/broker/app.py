@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 import secrets
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 
@@ -20,6 +20,7 @@ from agentic_sandbox.broker.auth.ratelimit import RateLimiter
 from agentic_sandbox.broker.auth.refusals import RefusalGate
 from agentic_sandbox.broker.auth.service import AuthService
 from agentic_sandbox.broker.auth.streams import LiveStreams
+from agentic_sandbox.broker.cluster import Leadership
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.dashboard import DashboardAssetsMissing, install_dashboard
 from agentic_sandbox.broker.http import health
@@ -67,6 +68,16 @@ class Component(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class StandbyComponent(Component, Protocol):
+    """A component with a part to play while its node follows (several control hosts): it
+    stands by from start-up until the node leads (then `start` runs) or stops."""
+
+    async def stand_by(self, cluster: Leadership) -> None: ...
+
+    async def stop_standing_by(self) -> None: ...
 
 
 async def build_services(settings: Settings) -> Services:

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from agentic_sandbox.broker.app import (
     Component,
+    StandbyComponent,
     StartupError,
     build_services,
     close_services,
@@ -108,6 +109,9 @@ class Server:
         if single:
             await self._lead()
         else:
+            for component in self.components:
+                if isinstance(component, StandbyComponent):
+                    await component.stand_by(self.cluster)
             await self.cluster.start()
         await self._listen(app, svc)
         if not single:
@@ -236,6 +240,10 @@ class Server:
             self._tail = None
         for runner in self._runners[1:]:
             await runner.cleanup()
+        for component in self.components:
+            if isinstance(component, StandbyComponent) and component not in self._started:
+                with contextlib.suppress(Exception):
+                    await component.stop_standing_by()
         # Stop components first so long-lived streams (WebSockets, SSE, agent links) end and
         # do not hold the drain open; then let in-flight requests finish.
         for component in reversed(self._started):

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class AgentLinkStub:
-    """Missing associated documentation comment in .proto file."""
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +54,9 @@ class AgentLinkStub:
 
 
 class AgentLinkServicer:
-    """Missing associated documentation comment in .proto file."""
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
 
     def Enroll(self, request, context):
         """One-time enrollment: token + CSR in, client certificate out (server-auth TLS only).
@@ -102,7 +106,9 @@ def add_AgentLinkServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AgentLink:
-    """Missing associated documentation comment in .proto file."""
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
 
     @staticmethod
     def Enroll(request,

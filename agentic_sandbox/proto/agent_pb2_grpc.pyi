@@ -53,6 +53,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AgentLinkStub:
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -66,6 +70,10 @@ class AgentLinkStub:
 
 @_typing.type_check_only
 class AgentLinkAsyncStub(AgentLinkStub):
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Enroll: _aio.UnaryUnaryMultiCallable[_agent_pb2.EnrollRequest, _agent_pb2.EnrollResponse]  # type: ignore[assignment]
     """One-time enrollment: token + CSR in, client certificate out (server-auth TLS only)."""
@@ -75,6 +83,10 @@ class AgentLinkAsyncStub(AgentLinkStub):
     """The link itself (mTLS): the agent's first message must be `register`."""
 
 class AgentLinkServicer(metaclass=_abc_1.ABCMeta):
+    """A follower control host (several on one PostgreSQL; one leads) answers every rpc
+    UNAVAILABLE with the trailing metadata `sandbox-leader: <node> <agent-link address>`.
+    """
+
     @_abc_1.abstractmethod
     def Enroll(
         self,

@@ -8,7 +8,8 @@ ports sharing one service (guests reach both through the guest link gateway, `ga
 - `grpc_enroll_listen` (default 127.0.0.1:8121): server-auth TLS only — `Enroll` (an agent has
   no certificate before it enrolls; its one-time token authenticates it). `Connect`/`Renew` there
   are refused for lack of a client certificate.
-gRPC cannot make a client certificate optional on one port, hence two.
+gRPC cannot make a client certificate optional on one port, hence two. While the node follows
+(several control hosts), both listeners refuse every rpc and name the leader (`redirect.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from agentic_sandbox.broker.agentlink.ca import CertificateAuthority
 from agentic_sandbox.broker.agentlink.enrollment import Enrollment
 from agentic_sandbox.broker.agentlink.gateway import GatewayBindError, LinkGateway, Upstreams
 from agentic_sandbox.broker.agentlink.link import LinkHandler
+from agentic_sandbox.broker.agentlink.redirect import FollowerLink
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.service import AgentLinkService
+from agentic_sandbox.broker.cluster import Leadership
 from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
@@ -84,6 +87,7 @@ class AgentLinkComponent:
             stream_limit=settings.agent_streams_per_link,
         )
         self._server: grpc.aio.Server | None = None
+        self._standby: FollowerLink | None = None
         self.gateway: LinkGateway | None = None
         self.ports: dict[str, int] = {}
         svc.incarnations.on_end("agent-link", self._end_incarnation)
@@ -121,13 +125,12 @@ class AgentLinkComponent:
                 names.append(host)
         return tuple(names)
 
-    async def start(self) -> None:
+    def bind(self, server: grpc.aio.Server) -> dict[str, int]:
+        """Bind `server` to both agent-link listeners with their TLS (the leader's service, or
+        a follower's refusals: `redirect.py`); the bound ports by label."""
         from agentic_sandbox.broker.app import StartupError
 
         settings = self.svc.settings
-        await self.registry.start()
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_AgentLinkServicer_to_server(self.service, server)
         key_pem, chain_pem = self.ca.server_credentials(self._tls_names())
         mtls = grpc.ssl_server_credentials(
             [(key_pem, chain_pem)],
@@ -135,6 +138,7 @@ class AgentLinkComponent:
             require_client_auth=True,
         )
         server_tls = grpc.ssl_server_credentials([(key_pem, chain_pem)])
+        ports: dict[str, int] = {}
         for label, listen, creds in (
             ("link", settings.grpc_listen, mtls),
             ("enroll", settings.grpc_enroll_listen, server_tls),
@@ -147,7 +151,31 @@ class AgentLinkComponent:
                 raise StartupError(f"cannot listen on {listen} (gRPC {label}): {exc}") from exc
             if not bound:
                 raise StartupError(f"cannot listen on {listen} (gRPC {label})")
-            self.ports[label] = bound
+            ports[label] = bound
+        return ports
+
+    # ---- a follower's listeners (several control hosts) ----------------------------------
+    async def stand_by(self, cluster: Leadership) -> None:
+        """While this node follows: the agent-link listeners refuse, naming the leader."""
+        self._standby = FollowerLink(cluster)
+        try:
+            await self._standby.start(self.bind)
+        except Exception as exc:  # it will be tried again when this node leads
+            log.warning("the follower's agent-link listeners did not start: %s", exc)
+            self._standby = None
+
+    async def stop_standing_by(self) -> None:
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            await standby.stop()
+
+    async def start(self) -> None:
+        await self.stop_standing_by()  # its listeners are the leader's now
+        settings = self.svc.settings
+        await self.registry.start()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_AgentLinkServicer_to_server(self.service, server)
+        self.ports = self.bind(server)
         await server.start()
         self._server = server
         self.gateway = LinkGateway(
@@ -161,6 +189,8 @@ class AgentLinkComponent:
                 settings.guest_link_hosts, settings.guest_link_address[1]
             )
         except GatewayBindError as exc:
+            from agentic_sandbox.broker.app import StartupError
+
             setting = (
                 "guest_link_listen"
                 if exc.host == settings.guest_link_address[0]
@@ -182,6 +212,7 @@ class AgentLinkComponent:
         )
 
     async def stop(self) -> None:
+        await self.stop_standing_by()
         if self.gateway is not None:
             await self.gateway.stop()
         await self.registry.stop()

@@ -66,12 +66,15 @@ def test_backoff_cap_for_an_unreachable_server() -> None:
 
 def test_a_guest_agent_dials_the_gateway_by_name_and_never_an_environment_proxy() -> None:
     guest = load(parser().parse_args(["--instance-id", "g", "--gateway", "10.0.2.2:8124"]))
-    target, options = target_and_options(guest, "link")
+    target, options = target_and_options(guest, "link", guest.control_addresses()[0])
     assert target == "link.agentic-sandbox.invalid:443"
     assert ("grpc.http_proxy", "http://10.0.2.2:8124") in options
-    assert target_and_options(guest, "enroll")[0] == "enroll.agentic-sandbox.invalid:443"
+    assert (
+        target_and_options(guest, "enroll", guest.control_addresses()[0])[0]
+        == "enroll.agentic-sandbox.invalid:443"
+    )
     host = load(parser().parse_args(["--instance-id", "h", "--server", "127.0.0.1:9000"]))
-    target, options = target_and_options(host, "link")
+    target, options = target_and_options(host, "link", host.control_addresses()[0])
     assert target == "127.0.0.1:9000" and ("grpc.enable_http_proxy", 0) in options
     with pytest.raises(ConfigError, match="gateway"):
         load(parser().parse_args(["--instance-id", "g", "--gateway", "nohost"]))
