@@ -1,6 +1,7 @@
 """A real host agent given both control hosts: a follower names the leader and the agent dials
 it; when the leader is killed (-9) mid-flood the agent follows the failover on its own, and an
-observer that reattaches to the new leader with its offset gets every byte the PTY wrote."""
+observer that reattaches to the new leader with its offset gets every byte the PTY wrote; a
+task running through the failover completes once."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import asyncio
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
+import httpx
 import pytest
 
 from agentic_sandbox.proto import LEADER_METADATA
@@ -160,6 +163,88 @@ async def test_an_agent_follows_a_kill9_failover_and_no_output_is_lost(
     finally:
         for c in clients:
             await c.close()
+        if agent is not None:
+            agent.stop()
+        n1.stop()
+        n2.stop()
+
+
+def a2a(srv: ServerProcess, method: str, path: str, key: str, body: Any = None) -> Any:
+    r = httpx.request(
+        method,
+        f"{srv.url}/agents/agent-t{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {key}", "A2A-Version": "1.0"},
+        timeout=30,
+    )
+    assert r.status_code == 200, (r.status_code, r.text)
+    return r.json()
+
+
+async def test_a_task_running_across_a_kill9_failover_completes_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    n1, n2 = node(tmp_path, pg_url, "n1"), node(tmp_path, pg_url, "n2")
+    agent: AgentProcess | None = None
+    try:
+        n1.start(TIMEOUT)
+        n2.start(TIMEOUT)
+        leader, _ = roles(n1, n2)
+        follower = n2 if leader is n1 else n1
+        home = tmp_path / "home"  # the login shell must not read the machine user's profile
+        home.mkdir()
+        runner = {"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}}
+        register_host_instance(leader, "agent-t", task_runner=runner)
+        key = leader.ok(
+            "POST",
+            "/api/v2/admin/api-keys",
+            {"instance_id": "agent-t", "scopes": ["a2a:read", "a2a:invoke"]},
+        )["key"]
+        agent = AgentProcess(
+            leader,
+            "agent-t",
+            tmp_path / "agent-t",
+            enrollment_token=enrollment_token(leader, "agent-t"),
+            extra_args=both(leader, follower),
+        ).start()
+        agent.wait_connected(TIMEOUT)
+
+        runs = tmp_path / "runs"  # one line per time the task's command ran
+        send = {
+            "message": {
+                "messageId": "failover-1",
+                "role": "ROLE_USER",
+                "parts": [{"text": f"echo run >> {runs}; echo started; sleep 4; echo finished"}],
+            },
+            "configuration": {"returnImmediately": True},
+        }
+        task_id = a2a(leader, "POST", "/message:send", key, send)["task"]["id"]
+        deadline = time.monotonic() + TIMEOUT
+        while not runs.exists():  # the run has started on the agent
+            assert time.monotonic() < deadline, "the task did not start"
+            await asyncio.sleep(0.05)
+        leader.kill9()
+        new_leader, _ = roles(follower)
+        assert new_leader is follower
+
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            task = a2a(follower, "GET", f"/tasks/{task_id}", key)
+            state = task["status"]["state"]
+            if state not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"):
+                break
+            assert time.monotonic() < deadline, f"the task is still {state}"
+            await asyncio.sleep(0.2)
+        assert state == "TASK_STATE_COMPLETED", task["status"]
+        text = "".join(p.get("text", "") for a in task.get("artifacts", []) for p in a["parts"])
+        assert "started" in text and "finished" in text, text
+        assert runs.read_text() == "run\n", "the task's command ran more than once"
+        # the same message again is the same task, not a second run
+        again = a2a(follower, "POST", "/message:send", key, send)["task"]
+        assert again["id"] == task_id
+        await asyncio.sleep(1)
+        assert runs.read_text() == "run\n"
+    finally:
         if agent is not None:
             agent.stop()
         n1.stop()

@@ -122,6 +122,29 @@ class TaskRunner:
         assert live.run is not None
         live.run.runner = self._spawn(self._execute(live, plan), f"task-run-{live.id[:8]}")
 
+    async def adopt_unconfirmed(self, live: LiveTask, session_id: str) -> None:
+        """A run whose session was opened but whose `working` was not stored yet when the
+        server stopped (a leader killed right after the start, see `_execute`): store
+        `working` now and follow the run. It is never started again."""
+        run = live.run
+        assert run is not None
+        run.session_id = session_id
+        self.live.bind_session(live, session_id)
+        step = Step(
+            TaskState.working,
+            actor=SYSTEM_ACTOR,
+            cause=f"run {run.id} started in session {session_id} (adopted after a restart)",
+            metadata={"sessionId": session_id, "runId": run.id},
+            run_values={
+                "session_id": session_id,
+                "state": "running",
+                "started_at": utcnow(),
+                "budget": run.budget,
+            },
+        )
+        await self.machine.advance(live, [step])
+        self.adopt(live)
+
     def adopt(self, live: LiveTask) -> None:
         """Follow a run that was going on when the server stopped (after a restart)."""
         assert live.run is not None

@@ -301,6 +301,13 @@ class TaskService:
         cause = "server restart"
         if rec.state is TaskState.submitted:
             if live.run is not None:
+                # The session was stored before it was opened on the agent: when it exists,
+                # the run may be going on there (its `working` was not stored yet): adopt it.
+                # Without one the run never reached the agent; it is not started again.
+                sid = live.run.session_id or await self.store.open_session_of(row.id)
+                if sid is not None:
+                    await self.runner.adopt_unconfirmed(live, sid)
+                    return
                 reason = "the server stopped while the run was starting; it was not re-run"
                 await self._end(live, TaskState.rejected, reason, run_state="lost")
                 return

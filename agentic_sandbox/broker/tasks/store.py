@@ -367,6 +367,16 @@ class TaskStore:
                 .limit(1)
             )
 
+    async def open_session_of(self, task_id: str) -> str | None:
+        """The session a task's run opened that has not ended (the newest), if any."""
+        async with self.db.session() as s:
+            return await s.scalar(
+                select(m.Session.id)
+                .where(m.Session.task_id == task_id, m.Session.ended_at.is_(None))
+                .order_by(m.Session.created_at.desc())
+                .limit(1)
+            )
+
     async def runs(self, task_id: str) -> list[m.Run]:
         async with self.db.session() as s:
             return list(

@@ -7,7 +7,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
+from agentic_sandbox.broker.store import Database
+from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.broker.tasks import (
     Caller,
     IdempotencyConflict,
@@ -266,6 +269,45 @@ async def test_restart_resumes_the_run_from_its_offset(tmp_path: Path) -> None:
         assert len(fake.sessions) == 1  # re-adopted, not restarted
         audit = await e2.svc.audit.query(subject_type="task", subject_id=rec.id)
         assert [a.to_state for a in audit].count("completed") == 1
+
+
+async def test_restart_adopts_a_run_whose_working_was_not_stored(tmp_path: Path) -> None:
+    """A leader killed right after a run's session opened on the agent, before `working` was
+    stored: the task row says `submitted`, its run names no session, the session row (stored
+    before the open) names the task. The next leader adopts that run; it never starts it
+    again."""
+    fake = FakeSessions()
+    settings = settings_for(tmp_path)
+    async with running_env(settings, fake) as e1:
+        await e1.add_instance()
+        rec = await e1.submit("long job")
+        (sess,) = await fake.wait_session()
+        await e1.until(rec.id, S.working)
+        fake.emit(sess.id, b"before\n")
+    # what the database holds when the leader died inside the window
+    db = Database(settings.effective_database_url)
+    try:
+        async with db.session() as s:
+            await s.execute(update(m.Task).where(m.Task.id == rec.id).values(state="submitted"))
+            await s.execute(
+                update(m.Run)
+                .where(m.Run.task_id == rec.id)
+                .values(session_id=None, state="starting")
+            )
+            s.add(m.Session(id=sess.id, instance_id="vm1", owner="alice", task_id=rec.id))
+            await s.commit()
+    finally:
+        await db.close()
+    fake.listeners.clear()
+    async with running_env(settings, fake) as e2:
+        await e2.until(rec.id, S.working)
+        fake.emit(sess.id, b"after\n")
+        fake.exit(sess.id, 0)
+        done = await e2.until(rec.id, S.completed)
+        assert "after\n" in done.output_text()
+        assert len(fake.sessions) == 1  # adopted, not started again
+        runs = await e2.tasks.store.runs(rec.id)
+        assert [r.session_id for r in runs] == [sess.id]
 
 
 async def test_restart_fails_a_run_that_is_gone(tmp_path: Path) -> None:
