@@ -49,6 +49,7 @@ from agentic_sandbox.agent.seedwatch import SeedWatcher
 from agentic_sandbox.agent.session import BATCH_BYTES, PtySession, SpawnError
 from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamTable
 from agentic_sandbox.agent.sysinfo import SysInfo
+from agentic_sandbox.proto import PROTOCOL, PROTOCOL_METADATA
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger("agent")
@@ -77,6 +78,17 @@ def _boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def protocol_refusal(exc: grpc.aio.AioRpcError) -> str | None:
+    """The protocols the server speaks ("1-2") when it refused this agent's, else None. The
+    agent goes on retrying at its longest backoff: an upgrade on either side ends it."""
+    if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == PROTOCOL_METADATA:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
 
 
 class Backoff:
@@ -254,6 +266,7 @@ class AgentRuntime:
             sessions=[s.inventory() for s in self.sessions.values()],
             stream_kinds=self.streams.kinds,
             budgets=self.cgroups.support(),
+            protocol=PROTOCOL,
         )
 
     def on_registered(self, ack: pb.RegisterAck) -> None:
@@ -494,7 +507,7 @@ class AgentRuntime:
                     if not self.seeds.changed.is_set() or (task is not None and task.cancelling()):
                         raise  # the agent is stopping
                 except grpc.aio.AioRpcError as exc:
-                    refused = exc.code() in REFUSED
+                    refused = exc.code() in REFUSED or protocol_refusal(exc) is not None
                     hint = leader_hint(exc.trailing_metadata())
                     if refused:
                         cap = None

@@ -1,8 +1,24 @@
 """The agent-link contract: `agent.proto`'s generated code, and the names both sides use.
 
+`PROTOCOL` is the link protocol this code speaks, sent in `Register.protocol` and
+`RegisterAck.protocol`; it changes only when a change to `agent.proto` would break the other
+side. A server speaks `PROTOCOLS` (oldest, newest) and refuses an agent outside them with
+`FAILED_PRECONDITION` and `PROTOCOL_METADATA: "<oldest>-<newest>"`; the agent names the
+mismatch in its log and the server in the agent's state (`incompatible`), and the agent keeps
+retrying at its longest backoff (an upgraded server or agent ends it) — never a crash loop.
+
 `LEADER_METADATA` is the trailing-metadata key of a follower's answer (several control hosts,
 one leads): a follower refuses `Enroll`, `Renew` and `Connect` with `UNAVAILABLE` and names the
 leader as `"<node> <agent-link address>"` under this key, so an agent dials the leader next.
 """
 
 LEADER_METADATA = "sandbox-leader"
+
+PROTOCOL = 1
+PROTOCOLS = (1, 1)  # what a server speaks: (oldest, newest)
+PROTOCOL_METADATA = "sandbox-protocol"
+
+
+def protocol_of(sent: int) -> int:
+    """The protocol a `Register.protocol` means (0: an agent from before versions: 1)."""
+    return sent or 1

@@ -242,6 +242,7 @@ class Register(_message.Message):
     SESSIONS_FIELD_NUMBER: _builtins.int
     STREAM_KINDS_FIELD_NUMBER: _builtins.int
     BUDGETS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -252,6 +253,11 @@ class Register(_message.Message):
     """changes when the agent process restarts"""
     ring_bytes: _builtins.int
     """per-session output ring of the agent"""
+    protocol: _builtins.int
+    """The link protocol the agent speaks (`proto.PROTOCOL`; 0: an agent from before versions,
+    protocol 1). One the server does not speak is refused FAILED_PRECONDITION with the
+    trailing metadata `sandbox-protocol: <min>-<max>` (what the server speaks).
+    """
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
     @_builtins.property
@@ -274,10 +280,11 @@ class Register(_message.Message):
         sessions: _abc.Iterable[Global___SessionInventory] | None = ...,
         stream_kinds: _abc.Iterable[_builtins.str] | None = ...,
         budgets: Global___BudgetSupport | None = ...,
+        protocol: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "hostname", b"hostname", "instance_id", b"instance_id", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -632,8 +639,11 @@ class RegisterAck(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     RESUME_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     heartbeat_interval_ms: _builtins.int
+    protocol: _builtins.int
+    """the link protocol the server speaks to this agent"""
     @_builtins.property
     def resume(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResumeOutput]:
         """sessions to keep, and where their output resumes"""
@@ -649,10 +659,11 @@ class RegisterAck(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         resume: _abc.Iterable[Global___ResumeOutput] | None = ...,
         close: _abc.Iterable[_builtins.str] | None = ...,
+        protocol: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "heartbeat_interval_ms", b"heartbeat_interval_ms", "resume", b"resume", "server_id", b"server_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "heartbeat_interval_ms", b"heartbeat_interval_ms", "protocol", b"protocol", "resume", b"resume", "server_id", b"server_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

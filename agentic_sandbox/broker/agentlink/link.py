@@ -33,6 +33,7 @@ from agentic_sandbox.broker.agentlink.messages import (
     SignalName,
 )
 from agentic_sandbox.broker.agentlink.streams import LinkStreams
+from agentic_sandbox.proto import PROTOCOL
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class AgentConnection:
                         for r in reconciled.resume
                     ],
                     close=reconciled.close,
+                    protocol=PROTOCOL,
                 )
             )
         )

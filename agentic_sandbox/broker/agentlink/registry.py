@@ -58,6 +58,9 @@ class AgentRegistry:
         self.stale_after = stale_after
         self.disconnect_after = disconnect_after
         self._links: dict[str, AgentConnection] = {}
+        # why an instance's agent was last refused for good (a protocol it does not share with
+        # this server), until it links; keyed by certified instance ids only
+        self._problems: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self._db_writes: set[asyncio.Task[None]] = set()
         self._last_flush = 0.0
@@ -82,6 +85,13 @@ class AgentRegistry:
     def get(self, instance_id: str) -> AgentConnection | None:
         return self._links.get(instance_id)
 
+    def problem(self, instance_id: str) -> str | None:
+        """Why the instance's agent cannot link (it was refused since its last link)."""
+        return self._problems.get(instance_id)
+
+    def incompatible(self, instance_id: str, problem: str) -> None:
+        self._problems[instance_id] = problem
+
     def ready(self, instance_id: str, incarnation: str | None = None) -> bool:
         """A registered, live link of `instance_id` (of that `incarnation`, when given)."""
         conn = self._links.get(instance_id)
@@ -99,6 +109,7 @@ class AgentRegistry:
 
     async def forget(self, instance_id: str) -> None:
         """Drop the recorded link state of an instance that is gone."""
+        self._problems.pop(instance_id, None)
         async with self._db.session() as s:
             await s.execute(delete(m.AgentLink).where(m.AgentLink.instance_id == instance_id))
 
@@ -130,6 +141,7 @@ class AgentRegistry:
             await asyncio.gather(*self._db_writes, return_exceptions=True)
 
     def attach(self, conn: AgentConnection) -> None:
+        self._problems.pop(conn.instance_id, None)
         old = self._links.get(conn.instance_id)
         if old is not None and old is not conn:
             log.warning(

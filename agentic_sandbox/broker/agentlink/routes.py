@@ -214,7 +214,13 @@ async def create_enrollment_token(
 class AgentStatus(Output):
     instance_id: str
     owner: str
-    state: str = Field(description="connected | stale | disconnected | absent")
+    state: str = Field(
+        description="connected | stale | disconnected | incompatible (refused: see `problem`) "
+        "| absent"
+    )
+    problem: str = Field(
+        default="", description="why the agent cannot link (a protocol this server does not speak)"
+    )
     connected_at: dt.datetime | None = None
     last_heartbeat_at: dt.datetime | None = None
     peer: str | None = None
@@ -247,17 +253,24 @@ def _status_of(
             certificate_serial=conn.cert_serial,
             metrics=conn.metrics.as_dict(),
         )
+    problem = component(request).registry.problem(instance.id) or ""
     if link_row is not None:
         return AgentStatus(
             instance_id=instance.id,
             owner=instance.owner,
-            state="disconnected",
+            state="incompatible" if problem else "disconnected",
+            problem=problem,
             connected_at=link_row.connected_at,
             last_heartbeat_at=link_row.last_heartbeat_at,
             agent_version=link_row.agent_version,
             metrics=dict(link_row.metrics or {}),
         )
-    return AgentStatus(instance_id=instance.id, owner=instance.owner, state="absent")
+    return AgentStatus(
+        instance_id=instance.id,
+        owner=instance.owner,
+        state="incompatible" if problem else "absent",
+        problem=problem,
+    )
 
 
 @api.get(

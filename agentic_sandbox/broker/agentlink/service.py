@@ -52,6 +52,7 @@ from agentic_sandbox.broker.observability.events import EventBus
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.proto import PROTOCOL_METADATA, PROTOCOLS, protocol_of
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
@@ -366,6 +367,22 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "this certificate belongs to another instance",
+            )
+            return
+        protocol = protocol_of(reg.protocol)
+        low, high = PROTOCOLS
+        if not low <= protocol <= high:
+            newer = "server" if protocol > high else "agent"
+            problem = (
+                f"the agent speaks link protocol {protocol}; this server speaks {low}..{high}: "
+                f"upgrade the {newer}"
+            )
+            self._refuse("connect", ident.instance_id, peer, "protocol", problem)
+            self._registry.incompatible(ident.instance_id, problem)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                problem,
+                trailing_metadata=((PROTOCOL_METADATA, f"{low}-{high}"),),
             )
             return
         self._m_register.inc()
