@@ -42,6 +42,11 @@ class EventLog(Protocol):
         """Stored events with seq > `after` that match `flt`, oldest first, at most `limit`."""
         ...
 
+    async def holds(self, batch: list[Event]) -> bool:
+        """Whether exactly this numbered batch is stored: an `append` that failed may have
+        committed (its answer lost with the connection)."""
+        ...
+
 
 class SqlEventLog:
     """The `events` table; keeps the newest `retention` events (trimmed now and then)."""
@@ -85,6 +90,20 @@ class SqlEventLog:
         async with self._db.session() as s:
             rows = (await s.scalars(stmt)).all()
         return [from_row(r) for r in rows]
+
+    async def holds(self, batch: list[Event]) -> bool:
+        if not batch:
+            return True
+        first, last = batch[0].seq, batch[-1].seq
+        async with self._db.session() as s:
+            rows = (
+                await s.execute(
+                    select(m.Event.seq, m.Event.type, m.Event.time, m.Event.actor)
+                    .where(m.Event.seq.between(first, last))
+                    .order_by(m.Event.seq)
+                )
+            ).all()
+        return [tuple(r) for r in rows] == [(e.seq, e.type, e.time, e.actor) for e in batch]
 
 
 def _type_clause(pattern: str) -> ColumnElement[bool]:

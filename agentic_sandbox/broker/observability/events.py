@@ -174,7 +174,22 @@ class EventBus:
         only then show it. A failed batch is numbered the same way on its retry."""
         first = self._seq + 1
         numbered = [dataclasses.replace(ev, seq=first + i) for i, ev in enumerate(batch)]
-        await self._log.append(numbered)
+        try:
+            await self._log.append(numbered)
+        except Exception:
+            # A commit whose answer was lost (the connection broke after it) stored the
+            # batch: its retry would collide with itself on every try. Show it once instead.
+            try:
+                stored = await self._log.holds(numbered)
+            except Exception:
+                stored = False
+            if not stored:
+                raise
+            log.warning(
+                "events %d..%d were stored though their commit failed",
+                first,
+                first + len(numbered) - 1,
+            )
         self._ingest(numbered)
 
     def add_listener(self, fn: Callable[[Event], None]) -> None:
