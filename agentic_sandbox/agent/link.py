@@ -77,8 +77,11 @@ class Link:
         try:
             call = self.call = pb_grpc.AgentLinkStub(channel).Connect()
             register = pb.AgentMessage(register=self.owner.register_message())
-            await asyncio.wait_for(call.write(register), CONNECT_TIMEOUT)
-            first = await asyncio.wait_for(call.read(), CONNECT_TIMEOUT)
+            # asyncio.timeout, not wait_for: on 3.11 a wait_for whose read completes as the
+            # task is cancelled swallows the cancel (an agent stopped mid-flood kept running)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await call.write(register)
+                first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("body") != "register_ack":
                 raise ConnectionError("the server did not acknowledge the registration")
             self.owner.on_registered(first.register_ack)
@@ -90,19 +93,21 @@ class Link:
                 asyncio.create_task(self._heartbeats(), name="agent-heartbeats"),
                 asyncio.create_task(self._renewals(), name="agent-renewal"),
             ]
-            while True:
-                try:
-                    msg = await asyncio.wait_for(call.read(), self.silence_limit())
-                except TimeoutError:
-                    raise ConnectionError(
-                        f"the link was silent for {self.silence_limit():.0f}s"
-                    ) from None
-                if msg is grpc.aio.EOF:
-                    return
-                self.owner.handle(msg)
-                for t in tasks:
-                    if t.done() and not t.cancelled():
-                        t.result()  # surface a failed sender
+            loop = asyncio.get_running_loop()
+            limit = self.silence_limit()
+            try:
+                async with asyncio.timeout(limit) as silence:
+                    while True:
+                        msg = await call.read()
+                        silence.reschedule(loop.time() + limit)
+                        if msg is grpc.aio.EOF:
+                            return
+                        self.owner.handle(msg)
+                        for t in tasks:
+                            if t.done() and not t.cancelled():
+                                t.result()  # surface a failed sender
+            except TimeoutError:
+                raise ConnectionError(f"the link was silent for {limit:.0f}s") from None
         finally:
             self.up = False
             self.call = None
