@@ -487,14 +487,16 @@ class Cgroups:
             raise BudgetRefused(field_name, f"cannot set up the run's cgroup: {exc}") from None
         return run
 
-    def sweep(self) -> None:
+    def sweep(self, keep: frozenset[str] = frozenset()) -> None:
         """End what runs of agents that are gone (a kill -9) left behind, and remove their
-        cgroups."""
+        cgroups (except `keep`: sessions a new worker took on)."""
         leftovers: dict[str, dict[str, Path]] = {}
         for key, base in self.bases.items():
             with contextlib.suppress(OSError):
                 for entry in base.iterdir():
                     pid_text = entry.name.partition("-")[0]
+                    if entry.name in keep:
+                        continue
                     if entry.is_dir() and pid_text.isdigit() and not _pid_alive(int(pid_text)):
                         leftovers.setdefault(entry.name, {})[key] = entry
         for dirs in leftovers.values():
@@ -535,8 +537,17 @@ def _under(mount_root: str, mount_point: str, path: str) -> Path:
     return Path(mount_point + rel.rstrip("/"))
 
 
-def detect(proc: Path = Path("/proc/self"), *, prepare: bool = True) -> Cgroups:
-    """Find the agent's cgroups; on v2 also take the delegated cgroup over (`prepare`)."""
+def detect(
+    proc: Path = Path("/proc/self"),
+    *,
+    prepare: bool = True,
+    keep: frozenset[str] = frozenset(),
+    keeper: int = 0,
+) -> Cgroups:
+    """Find the agent's cgroups; on v2 also take the delegated cgroup over (`prepare`).
+    `keep`: run cgroups (by name) of sessions taken on from a previous worker, which the sweep
+    of a dead agent's leftovers spares; `keeper`: the keeper's pid, moved into the agent's
+    leaf with it (v2 allows no process beside child cgroups)."""
     if os.geteuid() != 0:
         return Cgroups(problem="the agent does not run as root")
     own: dict[str, str] = {}
@@ -554,17 +565,19 @@ def detect(proc: Path = Path("/proc/self"), *, prepare: bool = True) -> Cgroups:
             if c in opts and c in own and c not in v1:
                 v1[c] = _under(root, point, own[c])
     if set(v1) & set(CONTROLLERS_V2):
-        return _prepare_v1(v1)
+        return _prepare_v1(v1, keep)
     for fstype, root, point, _ in mounts:
         if fstype == "cgroup2" and "" in own:
             available = set(_read(Path(point) / "cgroup.controllers").split())
             if available & set(CONTROLLERS_V2):
                 here = _under(root, point, own[""])
-                return _prepare_v2(Path(point), here, available) if prepare else Cgroups()
+                if not prepare:
+                    return Cgroups()
+                return _prepare_v2(Path(point), here, available, keep, keeper)
     return Cgroups(problem="no cgroup hierarchy with the memory, pids or cpu controller")
 
 
-def _prepare_v1(own: dict[str, Path]) -> Cgroups:
+def _prepare_v1(own: dict[str, Path], keep: frozenset[str] = frozenset()) -> Cgroups:
     bases: dict[str, Path] = {}
     problems = []
     for c, d in own.items():
@@ -581,7 +594,7 @@ def _prepare_v1(own: dict[str, Path]) -> Cgroups:
         controllers=frozenset(c for c in bases if c in CONTROLLERS_V2),
         problem="; ".join(problems),
     )
-    cg.sweep()
+    cg.sweep(keep)
     return cg
 
 
@@ -589,8 +602,16 @@ def _enable(d: Path, controllers: list[str]) -> None:
     _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in controllers))
 
 
-def _prepare_v2(mount: Path, here: Path, available: set[str]) -> Cgroups:
+def _prepare_v2(
+    mount: Path,
+    here: Path,
+    available: set[str],
+    keep: frozenset[str] = frozenset(),
+    keeper: int = 0,
+) -> Cgroups:
     wanted = [c for c in CONTROLLERS_V2 if c in available]
+    if here.name == "agent" and (here.parent / "runs").is_dir():
+        here = here.parent  # a worker its keeper restarted starts in the agent's leaf
     try:
         if here == mount:  # the root cgroup may hold processes and enable controllers
             base = mount / BASE_NAME
@@ -598,7 +619,8 @@ def _prepare_v2(mount: Path, here: Path, available: set[str]) -> Cgroups:
         else:
             leaf = here / "agent"
             leaf.mkdir(exist_ok=True)
-            _write(leaf / "cgroup.procs", str(os.getpid()))
+            for pid in (keeper, os.getpid()) if keeper else (os.getpid(),):
+                _write(leaf / "cgroup.procs", str(pid))
             _enable(here, wanted)
             base = here / "runs"
         base.mkdir(exist_ok=True)
@@ -613,5 +635,5 @@ def _prepare_v2(mount: Path, here: Path, available: set[str]) -> Cgroups:
         return Cgroups(problem=f"cannot delegate cgroups under {here}: {exc}{hint}")
     enabled = {c.lstrip("+") for c in _read(base / "cgroup.subtree_control").split()}
     cg = Cgroups(version=2, bases={"": base}, controllers=frozenset(enabled & set(wanted)))
-    cg.sweep()
+    cg.sweep(keep)
     return cg

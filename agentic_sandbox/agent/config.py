@@ -70,6 +70,8 @@ class AgentConfig:
     # In a guest: take the identity from the cloud-init seed and follow it when it changes
     # (a clone restored from another guest's memory). Off for host-side agents.
     seed_identity: bool = False
+    # Run the agent under the session keeper (keeper.py): sessions outlive a worker restart.
+    session_keeper: bool = True
     config_path: Path | None = field(default=None, repr=False)  # where this config came from
 
     def validate(self) -> AgentConfig:
@@ -175,7 +177,7 @@ def default_enroll(servers: str) -> str:
 
 
 _PATHS = {"ca_cert", "enrollment_token_file", "state_dir", "config_path"}
-_BOOLS = {"seed_identity"}
+_BOOLS = {"seed_identity", "session_keeper"}
 _FLOATS = {"initial_backoff", "max_backoff"}
 _INTS = {"ring_bytes", "max_sessions", "max_streams"}
 _LISTS = {"server", "enroll_server"}  # TOML may give either as a list
@@ -239,6 +241,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--default-user", help="user for sessions that name none (default: agent's)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("--log-format", choices=("json", "text"))
+    p.add_argument(
+        "--no-session-keeper",
+        dest="session_keeper",
+        action="store_const",
+        const=False,
+        help="run without the session keeper (sessions end when the agent process does)",
+    )
     p.add_argument(
         "--seed-identity",
         action="store_const",

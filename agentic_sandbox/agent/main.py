@@ -9,14 +9,16 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentic_sandbox.agent.config import ConfigError, load, parser
+from agentic_sandbox.agent.keeper import ENV_FD, EXIT_RESTART, run_keeper
 
 # The agent forks only to exec (ptyprocess); gRPC's fork handlers are not needed and only log.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from agentic_sandbox.agent.runtime import AgentRuntime  # after the environment is set
+if TYPE_CHECKING:
+    from agentic_sandbox.agent.runtime import AgentRuntime
 
 _STD = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None)).keys()) | {"message"}
 
@@ -56,6 +58,13 @@ async def _serve(runtime: AgentRuntime) -> None:
     assert task is not None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
+
+    def hand_over() -> None:  # the keeper's SIGHUP: a planned restart keeps the sessions
+        if runtime.keeper is not None and runtime.keeper.alive:
+            runtime.handing_over = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGHUP, hand_over)
     await runtime.run()
 
 
@@ -66,13 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"agent-client: {exc}", file=sys.stderr)
         return 2
+    if cfg.session_keeper and ENV_FD not in os.environ:
+        # the first process: keep the sessions while the worker (this command again) runs
+        return run_keeper([sys.executable, "-m", "agentic_sandbox.agent.main", *sys.argv[1:]])
     _configure_logging(cfg.log_level, cfg.log_format)
+    # only the worker loads gRPC and the rest: the keeper stays small
+    from agentic_sandbox.agent.runtime import AgentRuntime
+
     runtime = AgentRuntime(cfg)
     try:
         asyncio.run(_serve(runtime))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        return 0
-    return 0
+        pass
+    return EXIT_RESTART if runtime.handing_over else 0
 
 
 if __name__ == "__main__":

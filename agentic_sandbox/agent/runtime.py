@@ -26,12 +26,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import random
 import socket
 import time
 import uuid
 from collections import deque
 from importlib import metadata
+from pathlib import Path
 
 import grpc
 
@@ -43,6 +45,7 @@ from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
 from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
+from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
 from agentic_sandbox.agent.ports import PortRelay
 from agentic_sandbox.agent.seedwatch import SeedWatcher
@@ -119,6 +122,8 @@ class AgentRuntime:
         self.sysinfo = SysInfo()
         self.backoff = Backoff(config.initial_backoff, config.max_backoff)
         self.controls = Controls(config.control_addresses())
+        self.keeper = KeeperLink.from_env()  # holds the sessions across worker restarts
+        self.handing_over = False  # a planned restart: leave the sessions to the keeper
         self.wake_event = asyncio.Event()
         self.seeds = SeedWatcher()
         self.link: Link | None = None
@@ -180,6 +185,7 @@ class AgentRuntime:
                 on_finish=self.wake,
                 budget=msg.budget if msg.HasField("budget") else None,
                 cgroups=self.cgroups,
+                keeper=self.keeper,
             )
         except SpawnError as exc:
             log.warning("session %s could not start: %s", sid, exc)
@@ -206,6 +212,45 @@ class AgentRuntime:
         self, stream: Stream, msg: pb.StreamOpen
     ) -> tuple[StreamHandler, pb.StreamAccept]:
         return files.open_file_stream(files.FilesContext(self.cfg.default_user), stream, msg)
+
+    def _adopt(self, adopted: list[Adopted]) -> None:
+        """Take on the sessions a previous worker left with the keeper (see `keeper.py`)."""
+        keeper = self.keeper
+        if keeper is None:
+            return
+        for held in adopted:
+            try:
+                sess = PtySession.adopt(
+                    held, on_output=self.wake, on_finish=self.wake, keeper=keeper
+                )
+            except (OSError, ValueError) as exc:
+                log.error("session %s could not be taken on: %s", held.sid, exc)
+                keeper.release(held.sid)
+                for fd in (held.master_fd, held.ring_fd):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                continue
+            self.sessions[held.sid] = sess
+            log.info(
+                "session %s taken on from the previous worker (pid %d, output %d..%d)",
+                held.sid,
+                sess.pid,
+                sess.ring.start,
+                sess.ring.end,
+                extra={"session_id": held.sid},
+            )
+        asyncio.get_running_loop().add_reader(keeper.fileno(), self._keeper_said)
+
+    def _keeper_said(self) -> None:
+        keeper = self.keeper
+        assert keeper is not None
+        for msg in keeper.notices():
+            sess = self.sessions.get(str(msg.get("sid", "")))
+            if msg.get("op") == "exited" and sess is not None and sess.adopted:
+                sess.exited(dict(msg.get("exit") or {}))
+        if not keeper.alive:
+            asyncio.get_running_loop().remove_reader(keeper.fileno())
+            log.warning("the session keeper is gone; sessions end with this worker")
 
     def _forget(self, sid: str) -> None:
         sess = self.sessions.pop(sid, None)
@@ -467,8 +512,16 @@ class AgentRuntime:
     async def run(self) -> None:
         self.wake_event = asyncio.Event()
         self._seed_changed = asyncio.Event()
+        adopted = self.keeper.adopted() if self.keeper is not None else []
+        keep = frozenset(
+            Path(d).name
+            for a in adopted
+            if isinstance(a.meta.get("cgroup"), dict)
+            for d in a.meta["cgroup"]["dirs"].values()
+        )
         # before any session starts: on cgroup v2 the agent moves into a leaf of its own cgroup
-        self.cgroups = cgroups.detect()
+        self.cgroups = cgroups.detect(keep=keep, keeper=os.getppid() if self.keeper else 0)
+        self._adopt(adopted)
         log.info(
             "run budgets: %s (%s)%s",
             self.cgroups.enforcement,
@@ -539,6 +592,11 @@ class AgentRuntime:
             if egress is not None:
                 egress.close()
             self.streams.link_lost()
-            for sess in self.sessions.values():
-                sess.shutdown()
-            self.cgroups.release()
+            if self.handing_over:
+                log.info("handing %d sessions to the keeper", len(self.sessions))
+                for sess in self.sessions.values():
+                    sess.hand_over()
+            else:
+                for sess in self.sessions.values():
+                    sess.shutdown()
+                self.cgroups.release()

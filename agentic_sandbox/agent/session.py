@@ -34,8 +34,11 @@ import logging
 import os
 import pwd
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ptyprocess import PtyProcess
 
@@ -49,6 +52,7 @@ from agentic_sandbox.agent.cgroups import (
     measured,
     over_output,
 )
+from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.ring import Ring
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -125,12 +129,17 @@ class PtySession:
         on_finish: Callable[[], None],
         budget: pb.Budget | None = None,
         cgroup: RunCgroup | None = None,
+        ring: Ring | None = None,
+        keeper: KeeperLink | None = None,
+        adopted: bool = False,
     ) -> None:
         self.id = session_id
         self.proc = proc
         self.fd: int = proc.fd
         self.pid: int = proc.pid
-        self.ring = Ring(ring_bytes)
+        self.ring = ring if ring is not None else Ring(ring_bytes)
+        self.keeper = keeper  # holds the PTY and the ring while workers come and go
+        self.adopted = adopted  # taken on from a previous worker: the keeper reaps it
         self.cols = cols
         self.rows = rows
         self.task_id = task_id
@@ -177,6 +186,7 @@ class PtySession:
         on_finish: Callable[[], None],
         budget: pb.Budget | None = None,
         cgroups: Cgroups | None = None,
+        keeper: KeeperLink | None = None,
     ) -> PtySession:
         me = pwd.getpwuid(os.geteuid())
         switch: pwd.struct_passwd | None = None
@@ -225,6 +235,7 @@ class PtySession:
         finally:
             if cg is not None:
                 cg.close_join_fds()
+        kept = keeper is not None and keeper.alive
         sess = cls(
             session_id,
             proc,
@@ -236,24 +247,113 @@ class PtySession:
             on_finish=on_finish,
             budget=budget,
             cgroup=cg,
+            ring=Ring.shared(ring_bytes, session_id) if kept else None,
+            keeper=keeper if kept else None,
         )
         sess._start()
+        sess._hand_to_keeper()
         return sess
 
-    def _start(self) -> None:
+    def _hand_to_keeper(self) -> None:
+        """Give the keeper copies of the PTY and the ring, and what a new worker needs to take
+        the session on (`keeper.py`)."""
+        if self.keeper is None or self.ring.fd is None:
+            return
+        deadline = 0.0
+        if self.budget.timeout_ms:
+            deadline = time.time() + self.budget.timeout_ms / 1000.0
+        meta = {
+            "task_id": self.task_id,
+            "budget": self.budget.SerializeToString().hex(),
+            "deadline": deadline,
+            "cgroup": (
+                {
+                    "version": self.cgroup.version,
+                    "dirs": {k: str(v) for k, v in self.cgroup.dirs.items()},
+                }
+                if self.cgroup is not None
+                else None
+            ),
+        }
+        self.keeper.hold(self.id, self.pid, [self.fd, self.ring.fd], meta)
+
+    @classmethod
+    def adopt(
+        cls,
+        held: Adopted,
+        *,
+        on_output: Callable[[], None],
+        on_finish: Callable[[], None],
+        keeper: KeeperLink,
+    ) -> PtySession:
+        """Take on a session a previous worker left with the keeper: its PTY, its ring (every
+        byte read so far), its budget (the rest of its timeout) and its cgroup."""
+        ring = Ring.attach(held.ring_fd)
+        meta = held.meta
+        budget = pb.Budget()
+        with contextlib.suppress(ValueError, TypeError):
+            budget.ParseFromString(bytes.fromhex(str(meta.get("budget", ""))))
+        cg_meta = meta.get("cgroup")
+        cg = None
+        if isinstance(cg_meta, dict):
+            cg = RunCgroup(
+                int(cg_meta["version"]), {k: Path(v) for k, v in cg_meta["dirs"].items()}, budget
+            )
+        proc = PtyProcess(held.pid, held.master_fd)
+        rows, cols = 24, 80
+        with contextlib.suppress(OSError):
+            rows, cols = proc.getwinsize()
+        sess = cls(
+            held.sid,
+            proc,
+            ring_bytes=ring.capacity,
+            cols=cols,
+            rows=rows,
+            task_id=str(meta.get("task_id", "")),
+            on_output=on_output,
+            on_finish=on_finish,
+            budget=budget,
+            cgroup=cg,
+            ring=ring,
+            keeper=keeper,
+            adopted=True,
+        )
+        sess.acked = ring.start
+        sess.sent = ring.start
+        deadline = float(meta.get("deadline") or 0)
+        sess._start(timeout=max(0.0, deadline - time.time()) if deadline else None)
+        if held.exit is not None:
+            sess.exited(held.exit)
+        return sess
+
+    def exited(self, status: dict[str, Any]) -> None:
+        """An adopted session's exit, as the keeper (its parent now) reaped it."""
+        if self.exit is not None:
+            return
+        code = status.get("code")
+        self.exit = ExitResult(
+            code=int(code) if isinstance(code, int) else None, signal=str(status.get("signal", ""))
+        )
+        self.rusage = None
+        self._after_exit()
+
+    def _start(self, *, timeout: float | None = None) -> None:
         flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
         fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
-            self._loop.call_later(0.1, self._poll_exit)
+        if self.adopted:
+            pass  # the keeper is its parent: its exit arrives through `exited`
         else:
-            self._loop.add_reader(self._pidfd, self._on_pidfd)
-        if self.budget.timeout_ms:
-            self._budget_timer = self._loop.call_later(
-                self.budget.timeout_ms / 1000.0, self.exceeded, "timeout"
-            )
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):
+                self._pidfd = None
+                self._loop.call_later(0.1, self._poll_exit)
+            else:
+                self._loop.add_reader(self._pidfd, self._on_pidfd)
+        if timeout is None and self.budget.timeout_ms:
+            timeout = self.budget.timeout_ms / 1000.0
+        if timeout is not None and self.budget.timeout_ms:
+            self._budget_timer = self._loop.call_later(timeout, self.exceeded, "timeout")
         if self.cgroup is not None:
             self.cgroup.watch(self._loop, self.exceeded)
         self.update_flow()
@@ -374,8 +474,12 @@ class PtySession:
             room = self.unacked_room()
             if room <= 0 or self.pending >= SEND_WINDOW:
                 break
+            draining = self.reason == "output-limit"  # being killed: drain, keep nothing
             try:
-                data = os.read(fd, min(READ_BYTES, room))
+                if draining:
+                    n = len(os.read(fd, READ_BYTES))
+                else:
+                    n = ring.read_from(fd, min(READ_BYTES, room))
             except BlockingIOError:
                 break
             except OSError as exc:
@@ -383,23 +487,20 @@ class PtySession:
                     log.warning("session %s: reading the PTY failed: %s", self.id, exc)
                 self._on_eof()
                 break
-            if not data:
+            if not n:
                 self._on_eof()
                 break
-            if self.reason == "output-limit":
-                total += len(data)  # the session is being killed: drain the PTY, keep nothing
+            if draining:
+                total += n
                 continue
-            over = over_output(self.budget.output_bytes, ring.end + len(data))
+            over = over_output(self.budget.output_bytes, ring.end)
             if over:
-                data = data[: len(data) - over]
-                if data:
-                    ring.append(data)
-                    total += len(data)
+                ring.drop_tail(over)
+                total += n - min(over, n)
                 self.exceeded("output-limit")
                 continue
-            ring.append(data)
-            total += len(data)
-            if len(data) < 1024:
+            total += n
+            if n < 1024:
                 break  # a small read: the PTY is drained (interactive output)
             full = True
         if total:
@@ -599,8 +700,18 @@ class PtySession:
         with contextlib.suppress(OSError):
             self.proc.fileobj.close()
 
+    def hand_over(self) -> None:
+        """The worker exits for a planned restart: leave the process and the PTY to the keeper
+        (ptyprocess would otherwise hang up on the child when its object is collected)."""
+        self.proc.closed = True
+        self.proc.terminated = True
+
     def shutdown(self) -> None:
-        """The agent is exiting: hang up on the process and release the PTY."""
+        """The agent is exiting, or the server forgot the session: hang up on the process and
+        release the PTY (and the keeper's copies)."""
+        if self.keeper is not None:
+            self.keeper.release(self.id)
+        self.ring.close()
         if not self.finished:
             self.send_signal("HUP")
             self.finished = True

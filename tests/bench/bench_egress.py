@@ -151,7 +151,7 @@ def main() -> int:
                 "/api/v2/admin/instances/bench-egress/egress",
                 {"network": "allowlist", "allow": [f"{NAME}:{PORT}", f"{host.address}:{PORT}"]},
             )
-            pids = [server.pid, agent.proc.pid]
+            pids = [server.pid, agent.worker_pid()]
             paths = Paths(ctx, host.address, port)
             results["setup"] = setup_times(paths, rounds, pids)
             results["throughput"] = throughput(paths, downloads, pids)

@@ -131,7 +131,7 @@ def main() -> int:
     try:
         agent = start_agent(server, "bench-exec", tmp)
         assert agent.proc is not None
-        pids = [server.pid, agent.proc.pid]
+        pids = [server.pid, agent.worker_pid()]
         client = Client(server, "bench-exec")
         results["round_trip"] = round_trip(client, rounds, pids)
         results["throughput"] = throughput(client, pids)

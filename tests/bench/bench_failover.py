@@ -193,7 +193,8 @@ def main() -> int:
                 extra_args=["--server", servers, "--enroll-server", enrolls],
             ).start()
             assert a.proc is not None
-            os.sched_setaffinity(a.proc.pid, {1 % (os.cpu_count() or 1)})
+            for pid in (a.proc.pid, a.worker_pid()):  # the keeper and its worker
+                os.sched_setaffinity(pid, {1 % (os.cpu_count() or 1)})
             agents.append(a)
         for a in agents:
             a.wait_connected(WAIT)

@@ -204,7 +204,7 @@ def main() -> int:
     try:
         agent = start_agent(server, "bench-files", tmp)
         assert agent.proc is not None
-        pids = [server.pid, agent.proc.pid]
+        pids = [server.pid, agent.worker_pid()]
         src = tmp / "source.bin"
         digest = hashlib.sha256()
         with src.open("wb") as f:

@@ -147,7 +147,7 @@ def main() -> int:
     try:
         agent = start_agent(server, IID, tmp)
         assert agent.proc is not None
-        pids = [server.pid, agent.proc.pid]
+        pids = [server.pid, agent.worker_pid()]
         with Upstream() as up:
             proxy = Target(
                 server.http_port,

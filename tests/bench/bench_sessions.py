@@ -872,13 +872,13 @@ async def run(tmp: Path, args: argparse.Namespace) -> None:
         relay = Relay()
         assert agent.proc is not None
         if pinned:
-            for pid in (server.pid, agent.proc.pid, relay.pid):
+            for pid in (server.pid, agent.proc.pid, agent.worker_pid(), relay.pid):
                 pin_process(pid, {0})
             pin_tree({1})
         RESULTS["machine"]["pinned"] = (
             "server, agent, relay: CPU 0; client: CPU 1" if pinned else "no (one CPU)"
         )
-        b = Bench(server, agent.instance_id, agent.proc.pid, relay)
+        b = Bench(server, agent.instance_id, agent.worker_pid(), relay)
         try:
             async with aiohttp.ClientSession() as http:
                 await relay.wait_ready(http)

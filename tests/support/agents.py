@@ -151,6 +151,26 @@ class AgentProcess:
             f"{self.log_text()[-3000:]}\n--- server ---\n{self.server.log_tail()}"
         )
 
+    def worker_pid(self, timeout: float = 30.0) -> int:
+        """The pid of the agent's worker (the session keeper's child, `agent/keeper.py`)."""
+        assert self.proc is not None
+        keeper = self.proc.pid
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                kids = Path(f"/proc/{keeper}/task/{keeper}/children").read_text().split()
+            except OSError:
+                kids = []
+            for kid in kids:
+                try:
+                    cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"agentic_sandbox.agent.main" in cmdline:
+                    return int(kid)
+            time.sleep(0.05)
+        raise RuntimeError(f"no worker under the keeper {keeper}:\n{self.log_text()[-2000:]}")
+
     def kill9(self) -> None:
         if self.alive():
             assert self.proc is not None

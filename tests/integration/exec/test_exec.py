@@ -314,15 +314,15 @@ def test_a_link_that_drops_mid_exec_ends_it_with_an_error(
     thread, lines, started = _start_sleeper(server, a.instance_id, marker)
     assert started.wait(30) and lines[0]["type"] == "started", lines
     pid = lines[0]["pid"]
-    os.kill(a.proc.pid, signal.SIGSTOP)  # the agent goes silent; the server drops the link
+    os.kill(a.worker_pid(), signal.SIGSTOP)  # the agent goes silent; the server drops the link
     try:
         thread.join(60)
         assert not thread.is_alive()
         assert lines[-1]["type"] == "error" and lines[-1]["code"] == "agent-link-lost", lines
     finally:
-        os.kill(a.proc.pid, signal.SIGCONT)
+        os.kill(a.worker_pid(), signal.SIGCONT)
     # back, the agent finds its link dead and ends the run it can no longer report
-    assert_cleaned_up(marker, a.proc.pid)
+    assert_cleaned_up(marker, a.worker_pid())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     a.wait_connected()

@@ -28,7 +28,7 @@ def runaway(
     tag = f"x1mark{uuid.uuid4().hex[:10]}"
     out = ok(server, agent.instance_id, {"argv": argv(tag), "budget": budget})
     assert agent.proc is not None
-    assert_cleaned_up(tag, agent.proc.pid)
+    assert_cleaned_up(tag, agent.worker_pid())
     return out
 
 

@@ -170,7 +170,7 @@ def rss(pid: int) -> int:
 def peaks(sandbox_server: ServerProcess, agent: AgentProcess) -> Iterator[dict[str, int]]:
     """The peak RSS of the server and the agent while the test runs (sampled)."""
     assert agent.proc is not None
-    pids = {"server": sandbox_server.pid, "agent": agent.proc.pid}
+    pids = {"server": sandbox_server.pid, "agent": agent.worker_pid()}
     out = {name: rss(pid) for name, pid in pids.items()}
     out.update({f"base_{name}": value for name, value in list(out.items())})
     stop = threading.Event()

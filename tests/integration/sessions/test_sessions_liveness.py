@@ -33,8 +33,8 @@ def test_silent_agent_goes_stale_then_ready(
 ) -> None:
     server = sandbox_server  # heartbeats every 0.5 s here: stale after 1.5 s of silence
     agent = agent_factory(server)
-    assert agent.proc is not None
-    os.kill(agent.proc.pid, signal.SIGSTOP)
+    worker = agent.worker_pid()  # the agent proper (its keeper only holds the PTYs)
+    os.kill(worker, signal.SIGSTOP)
     try:
         _wait_agent(server, agent.instance_id, "stale", 10)
         code, problem = server.api(
@@ -42,7 +42,7 @@ def test_silent_agent_goes_stale_then_ready(
         )
         assert code == 503, problem  # a stale agent is not ready
     finally:
-        os.kill(agent.proc.pid, signal.SIGCONT)
+        os.kill(worker, signal.SIGCONT)
     _wait_agent(server, agent.instance_id, "connected", 10)
     assert events(server, "agent.stale", instance_id=agent.instance_id)
     create_session(server, agent.instance_id, ["true"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,3 +85,49 @@ def test_agent_ring_matches_a_reference(capacity: int, sizes: list[int]) -> None
 def test_agent_ring_rejects_oversized_appends() -> None:
     with pytest.raises(ValueError):
         Ring(4096).append(b"x" * 5000)
+
+
+@settings(max_examples=50)
+@given(
+    capacity=st.integers(min_value=4096, max_value=20000),
+    sizes=st.lists(st.integers(min_value=1, max_value=4096), max_size=30),
+)
+def test_a_shared_ring_reads_a_pipe_straight_in_and_another_process_takes_it_on(
+    capacity: int, sizes: list[int]
+) -> None:
+    """What the keeper hands a new worker: the same bytes and offsets, by descriptor."""
+    ring = Ring.shared(capacity, "test")
+    stream = bytearray()
+    r, w = os.pipe()
+    try:
+        for i, size in enumerate(sizes):
+            chunk = bytes([i % 251]) * size
+            os.write(w, chunk)
+            assert ring.read_from(r, size) == size
+            stream += chunk
+        assert ring.end == len(stream) and ring.start == max(0, len(stream) - capacity)
+        assert ring.read(ring.start, capacity) == bytes(stream[ring.start :])
+        assert ring.fd is not None
+        again = Ring.attach(os.dup(ring.fd))
+        assert (again.start, again.end, again.capacity) == (ring.start, ring.end, capacity)
+        assert again.read(again.start, capacity) == bytes(stream[ring.start :])
+        again.append(b"more")  # the new owner goes on where the old one stopped
+        assert again.read(again.end - 4, 4) == b"more"
+        ring.close()
+        again.close()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_attach_refuses_what_is_not_a_ring() -> None:
+    fd = os.memfd_create("not-a-ring")
+    try:
+        with pytest.raises(ValueError, match="not a ring"):
+            Ring.attach(fd)
+        os.ftruncate(fd, 4096 + 8192)
+        os.pwrite(fd, (10**6).to_bytes(8, "little") + (0).to_bytes(8, "little"), 0)
+        with pytest.raises(ValueError, match="out of bounds"):
+            Ring.attach(fd)
+    finally:
+        os.close(fd)
