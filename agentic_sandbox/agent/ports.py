@@ -68,9 +68,8 @@ class PortRelay(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         where = f"{HOST}:{self.port}"
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: self, HOST, self.port), CONNECT_TIMEOUT
-            )
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await loop.create_connection(lambda: self, HOST, self.port)
         except asyncio.CancelledError:
             return
         except TimeoutError:

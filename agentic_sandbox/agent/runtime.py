@@ -470,7 +470,8 @@ class AgentRuntime:
         must not wait out a long backoff)."""
         self._refresh_ssh_keys_if_due()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._seed_changed.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self._seed_changed.wait()
         self._seed_changed.clear()
 
     async def _enroll_until_done(self) -> None:

@@ -118,7 +118,8 @@ class Tunnel:
         """Close the tunnel; a server that does not answer the close handshake within
         `CLOSE_WAIT` seconds is not waited for (the connection is dropped)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ws.close(), CLOSE_WAIT)
+            async with asyncio.timeout(CLOSE_WAIT):
+                await self._ws.close()
 
     @property
     def closed(self) -> bool:
@@ -200,7 +201,8 @@ class PortForward:
             await asyncio.wait(tasks, timeout=CLOSE_WAIT)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), CLOSE_WAIT)
+                async with asyncio.timeout(CLOSE_WAIT):
+                    await self._server.wait_closed()
 
     async def __aenter__(self) -> PortForward:
         return self

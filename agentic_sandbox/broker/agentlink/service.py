@@ -339,7 +339,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         #   on that code whether to back off for good.
         first: pb.AgentMessage | None
         try:
-            first = await asyncio.wait_for(anext(request_iterator), REGISTER_TIMEOUT)
+            async with asyncio.timeout(REGISTER_TIMEOUT):
+                first = await anext(request_iterator)
         except (TimeoutError, StopAsyncIteration):
             first = None
         ident = await self._identity(context, "connect")

@@ -229,7 +229,8 @@ class Elector:
             await asyncio.sleep(self._watchdog)
             try:
                 conn = await self._connection_alive()
-                await asyncio.wait_for(self._heartbeat(conn), self._watchdog_timeout)
+                async with asyncio.timeout(self._watchdog_timeout):
+                    await self._heartbeat(conn)
             except Exception as exc:
                 self._lose(f"the leadership lock's connection failed ({type(exc).__name__}: {exc})")
         # Whatever state the lock is in, let it go: another node may lead at once.
@@ -239,7 +240,8 @@ class Elector:
         conn = self._conn
         if conn is None:
             raise ConnectionError("no lock connection")
-        await asyncio.wait_for(conn.execute(text("SELECT 1")), self._watchdog_timeout)
+        async with asyncio.timeout(self._watchdog_timeout):
+            await conn.execute(text("SELECT 1"))
         return conn
 
     def _fenced(self, exc: Fenced) -> None:

@@ -108,4 +108,5 @@ class EventTail:
             except Exception:
                 log.warning("event tail: reading the log failed; retrying", exc_info=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll)
+                async with asyncio.timeout(self._poll):
+                    await self._wake.wait()

@@ -232,9 +232,8 @@ Opener = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.Stre
 
 
 async def open_tcp(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(
-        asyncio.open_connection(address, port, limit=READ_CHUNK), CONNECT_TIMEOUT
-    )
+    async with asyncio.timeout(CONNECT_TIMEOUT):
+        return await asyncio.open_connection(address, port, limit=READ_CHUNK)
 
 
 class ProxyConnection:
@@ -282,9 +281,8 @@ class ProxyConnection:
 
     async def _serve(self) -> None:
         try:
-            request = await asyncio.wait_for(
-                self._next_event(self._h11, self._pipe.read), HEAD_TIMEOUT
-            )
+            async with asyncio.timeout(HEAD_TIMEOUT):
+                request = await self._next_event(self._h11, self._pipe.read)
         except TimeoutError:
             self.outcome.reason, self.outcome.detail = "bad-request", "no request in time"
             return await self._refuse(408, "bad-request", "no request head in time")
@@ -449,7 +447,8 @@ class ProxyConnection:
             early, _closed = self._h11.trailing_data
             tls = TlsPipe(self._pipe, brokered.guest_context, early)
             try:
-                await asyncio.wait_for(tls.handshake(), HEAD_TIMEOUT)
+                async with asyncio.timeout(HEAD_TIMEOUT):
+                    await tls.handshake()
             except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
                 out.reason = "guest-tls-failed"
                 out.detail = f"the guest's TLS did not complete: {type(exc).__name__}: {exc}"
@@ -477,7 +476,8 @@ class ProxyConnection:
         out = self.outcome
         inner = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         try:
-            request = await asyncio.wait_for(self._next_event(inner, tls.read), IDLE_TIMEOUT)
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                request = await self._next_event(inner, tls.read)
         except (h11.RemoteProtocolError, ConnectionError, TimeoutError) as exc:
             out.reason = "bad-request"
             out.detail = f"no HTTP request inside the tunnel: {type(exc).__name__}: {exc}"
@@ -546,7 +546,8 @@ class ProxyConnection:
                 await writer.drain()
 
         async def from_upstream() -> bytes:
-            return await asyncio.wait_for(reader.read(READ_CHUNK), IDLE_TIMEOUT)
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                return await reader.read(READ_CHUNK)
 
         try:
             try:
@@ -567,7 +568,8 @@ class ProxyConnection:
             if inject is not None:
                 out.credential = inject.name
             while True:  # the request body, as it comes
-                event = await asyncio.wait_for(self._next_event(guest, pipe.read), IDLE_TIMEOUT)
+                async with asyncio.timeout(IDLE_TIMEOUT):
+                    event = await self._next_event(guest, pipe.read)
                 if isinstance(event, h11.Data):
                     await to_upstream(up.send(h11.Data(data=event.data)))
                 elif isinstance(event, h11.EndOfMessage):

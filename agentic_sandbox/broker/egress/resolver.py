@@ -41,9 +41,8 @@ class SystemResolver:
     async def resolve(self, host: str, port: int) -> list[IPAddress]:
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), self._timeout
-            )
+            async with asyncio.timeout(self._timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except TimeoutError:
             raise ResolveError(f"resolving {host} took over {self._timeout:g} s") from None
         except OSError as exc:

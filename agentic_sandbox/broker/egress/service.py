@@ -348,7 +348,8 @@ class EgressService:
         try:
             if not account.settled.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(account.settled.wait(), settle)
+                    async with asyncio.timeout(settle):
+                        await account.settled.wait()
         finally:
             self._execs.pop(token, None)
         return (account.up, account.down)

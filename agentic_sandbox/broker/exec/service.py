@@ -272,7 +272,8 @@ class ExecService:
             ) from None
         plan.stream = stream
         try:
-            started = await asyncio.wait_for(stream.started(), ACCEPT_TIMEOUT)
+            async with asyncio.timeout(ACCEPT_TIMEOUT):
+                started = await stream.started()
         except StreamError as exc:
             raise refusal_problem(exc) from None
         except TimeoutError:

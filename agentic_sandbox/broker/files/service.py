@@ -123,7 +123,8 @@ async def _why(stream: ServerStream, exc: StreamError) -> StreamError:
     if exc.code != "closed":
         return exc
     try:
-        await asyncio.wait_for(stream.result(), 1.0)
+        async with asyncio.timeout(1.0):
+            await stream.result()
     except StreamError as agent:
         return agent
     except TimeoutError:
@@ -219,7 +220,8 @@ class FilesService:
                 f"the agent of instance {t.instance_id!r} is not connected: {exc}"
             ) from None
         try:
-            started = await asyncio.wait_for(stream.started(), ACCEPT_TIMEOUT)
+            async with asyncio.timeout(ACCEPT_TIMEOUT):
+                started = await stream.started()
         except StreamError as exc:
             raise problem(exc, path) from None
         except TimeoutError:

@@ -86,7 +86,8 @@ async def readyz(call: Call[NoBody, NoQuery]) -> web.StreamResponse:
     results: dict[str, ReadyCheck] = {}
     for name, check in checks.items():
         try:
-            ok, detail = await asyncio.wait_for(check(), CHECK_TIMEOUT)
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                ok, detail = await check()
         except TimeoutError:
             ok, detail = False, f"no answer within {CHECK_TIMEOUT:.0f}s"
         except Exception as exc:

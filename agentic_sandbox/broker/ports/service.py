@@ -142,7 +142,8 @@ class PortsService:
                 f"the agent of instance {t.instance_id!r} is not connected: {exc}"
             ) from None
         try:
-            await asyncio.wait_for(stream.started(), CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await stream.started()
         except StreamError as exc:
             self._audit(t, port, via, what, exc.code)
             raise problem(exc, port) from None

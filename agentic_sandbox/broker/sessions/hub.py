@@ -278,9 +278,8 @@ class SessionHub:
         try:
             with closed_is_unavailable:
                 conn.open_session(request)  # the link the session's incarnation was taken from
-            opened = await asyncio.wait_for(
-                asyncio.shield(sess.opening), self.settings.session_open_timeout_seconds
-            )
+            async with asyncio.timeout(self.settings.session_open_timeout_seconds):
+                opened = await asyncio.shield(sess.opening)
         except AgentUnavailable as exc:
             self.lifecycle.open_failed(sess, f"agent link lost while opening: {exc}", actor=actor)
             raise AgentUnavailable(str(exc)) from None

@@ -168,7 +168,8 @@ class BatchWriter(Generic[T]):
                 log.exception("%s: writing a batch failed; retrying", self.name)
                 self._kick.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self._retry_seconds)
+                    async with asyncio.timeout(self._retry_seconds):
+                        await self._kick.wait()
 
     async def _write_next(self) -> None:
         """Write the oldest batch; on failure it goes back to the front of the queue."""

@@ -504,7 +504,8 @@ class TaskRunner:
         deadline = time.monotonic() + PROMPT_SETTLE_SECONDS
         while run.offset < prompt.offset and time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(run.advanced.wait(), deadline - time.monotonic())
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await run.advanced.wait()
         if live.record.state is not TaskState.working:
             return
         text = prompt.text.strip() or "the run waits for input"
@@ -625,7 +626,8 @@ def _usage_values(status: ExitStatus) -> dict[str, object]:
 
 async def _wait(event: asyncio.Event, seconds: float) -> bool:
     try:
-        await asyncio.wait_for(event.wait(), seconds)
+        async with asyncio.timeout(seconds):
+            await event.wait()
         return True
     except TimeoutError:
         return event.is_set()

@@ -714,7 +714,8 @@ class TaskService:
                 if left <= 0:
                     break
                 try:
-                    event = await asyncio.wait_for(sub.next(), left)
+                    async with asyncio.timeout(left):
+                        event = await sub.next()
                 except TimeoutError:
                     break
                 if event is None:
