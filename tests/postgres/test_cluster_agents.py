@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,93 @@ async def test_a_task_running_across_a_kill9_failover_completes_once(
         assert again["id"] == task_id
         await asyncio.sleep(1)
         assert runs.read_text() == "run\n"
+    finally:
+        if agent is not None:
+            agent.stop()
+        n1.stop()
+        n2.stop()
+
+
+async def test_restarting_both_nodes_one_at_a_time_loses_no_session_and_no_task(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A control-plane upgrade: each node stopped (SIGTERM) and started again in turn, with a
+    session printing and a task running throughout."""
+    n1, n2 = node(tmp_path, pg_url, "n1"), node(tmp_path, pg_url, "n2")
+    agent: AgentProcess | None = None
+    try:
+        n1.start(TIMEOUT)
+        n2.start(TIMEOUT)
+        leader, _ = roles(n1, n2)
+        home = tmp_path / "home"
+        home.mkdir()
+        register_host_instance(
+            leader,
+            "agent-t",
+            task_runner={"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}},
+        )
+        key = leader.ok(
+            "POST",
+            "/api/v2/admin/api-keys",
+            {"instance_id": "agent-t", "scopes": ["a2a:read", "a2a:invoke"]},
+        )["key"]
+        agent = AgentProcess(
+            leader,
+            "agent-t",
+            tmp_path / "agent-t",
+            enrollment_token=enrollment_token(leader, "agent-t"),
+            extra_args=both(n1, n2),
+        ).start()
+        agent.wait_connected(TIMEOUT)
+        sid = create_session(
+            leader,
+            "agent-t",
+            [
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo tick-$i; sleep 0.05; done; "
+                "echo TICKS-DONE; sleep 600",
+            ],
+        )
+        runs = tmp_path / "runs"
+        send = {
+            "message": {
+                "messageId": "rolling-1",
+                "role": "ROLE_USER",
+                "parts": [{"text": f"echo run >> {runs}; sleep 8; echo finished"}],
+            },
+            "configuration": {"returnImmediately": True},
+        }
+        task_id = a2a(leader, "POST", "/message:send", key, send)["task"]["id"]
+        for _ in range(2):  # each node in turn: stop the leader, bring it back as a follower
+            leader, _ = roles(n1, n2)
+            other = n2 if leader is n1 else n1
+            stopped = time.time()
+            assert leader.stop(TIMEOUT) == 0
+            new, _ = roles(other)
+            assert new is other
+            agent.server = other
+            agent.wait_connected(TIMEOUT, since=stopped)
+            leader.start(TIMEOUT)
+            roles(n1, n2)
+        leader, _ = roles(n1, n2)
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            task = a2a(leader, "GET", f"/tasks/{task_id}", key)
+            if task["status"]["state"] not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"):
+                break
+            assert time.monotonic() < deadline, task["status"]
+            await asyncio.sleep(0.2)
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", json.dumps(
+            task["status"]["message"]["parts"]
+        )
+        assert runs.read_text() == "run\n"
+        async with await PtyClient.connect(
+            leader.ws_url, sid, leader.admin_token, from_offset=0
+        ) as watcher:
+            await watcher.wait_output(b"TICKS-DONE", timeout=60)
+            lines = [ln for ln in bytes(watcher.data).decode().split() if ln.startswith("tick-")]
+        assert lines == [f"tick-{i}" for i in range(1, 301)]  # every line, once, in order
     finally:
         if agent is not None:
             agent.stop()

@@ -53,6 +53,8 @@ class FakeSessions:
         self.ignore_term = False
         self.unavailable_follow = 0  # follow_output raises AgentUnavailable this many times
         self.chunk = 1 << 30
+        self.open_gate: asyncio.Event | None = None  # set: `create` waits for it (a slow open)
+        self.opening = asyncio.Event()  # a `create` has begun
         # what the fake agents enforce (a host agent without cgroups by default)
         self.support = BudgetSupport("none", ("timeout", "output_bytes"), "no cgroups here")
         self._running: set[asyncio.Future[None]] = set()
@@ -96,6 +98,9 @@ class FakeSessions:
     async def create(self, spec: SessionSpec, *, actor: str) -> str:
         if spec.instance_id not in self.ready:
             raise AgentUnavailable(f"agent {spec.instance_id} is not connected")
+        self.opening.set()
+        if self.open_gate is not None:
+            await self.open_gate.wait()
         sid = str(uuid.uuid4())
         s = FakeSession(sid, spec)
         self.sessions[sid] = s

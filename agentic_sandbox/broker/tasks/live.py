@@ -39,6 +39,7 @@ class RunState:
     # A prompt seen before `working` was stored (the write is deferred a moment): applied then.
     early_prompt: Any = None
     advanced: asyncio.Event = field(default_factory=asyncio.Event)  # set when output arrives
+    opened: asyncio.Event = field(default_factory=asyncio.Event)  # its start is over, either way
     released: bool = False  # its concurrency slot was given back
     budget: dict[str, Any] | None = None  # the run's budget (BudgetOut as JSON)
 

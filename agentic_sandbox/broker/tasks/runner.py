@@ -57,6 +57,7 @@ SYSTEM_ACTOR = "system:tasks"
 HITL_ACTOR = "system:hitl"
 PROMPT_SETTLE_SECONDS = 1.0
 WORKING_WRITE_DELAY = 0.02  # see _execute
+STOP_OPEN_WAIT = 5.0  # how long a stop waits for runs being started (see stop)
 KILL_CONFIRM_SECONDS = 5.0
 
 
@@ -99,7 +100,24 @@ class TaskRunner:
         return task
 
     async def stop(self) -> None:
-        """Stop following runs (they go on in the guests) and store what was streamed."""
+        """Stop following runs (they go on in the guests) and store what was streamed. Runs
+        being started finish starting first (bounded): stopped mid-open, a run would be on the
+        agent with nothing stored to say so, and the next leader could only give it up."""
+        starting = [
+            live.run.opened.wait()
+            for live in self.live.all()
+            if live.run is not None
+            and live.run.session_id is None  # being started (adopted runs have their session)
+            and not live.run.opened.is_set()
+            and live.run.runner is not None
+            and not live.run.runner.done()
+        ]
+        if starting:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(
+                    min(STOP_OPEN_WAIT, self.settings.session_open_timeout_seconds)
+                ):
+                    await asyncio.gather(*starting)
         for live in self.live.all():
             run = live.run
             if run is not None and run.pending_start is not None:
@@ -195,6 +213,7 @@ class TaskRunner:
                 raise TaskFileError("the instance's agent does not transfer files")
             session_id = await self.sessions.create(spec, actor=SYSTEM_ACTOR)
         except asyncio.CancelledError:
+            run.opened.set()
             raise
         except Exception as exc:
             if isinstance(exc, AgentUnavailable):
@@ -218,9 +237,11 @@ class TaskRunner:
             except IllegalTransition:
                 await self._end_run(live, "lost", reason)
             finally:
+                run.opened.set()
                 self._on_run_end(live)
             return
         run.session_id = session_id
+        run.opened.set()
         self.live.bind_session(live, session_id)
         # `working` (with the session id) is stored a moment later, while the run's output is
         # already followed: a run that ends within WORKING_WRITE_DELAY has both transitions

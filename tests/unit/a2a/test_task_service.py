@@ -310,6 +310,29 @@ async def test_restart_adopts_a_run_whose_working_was_not_stored(tmp_path: Path)
         assert [r.session_id for r in runs] == [sess.id]
 
 
+async def test_a_stop_lets_a_run_being_started_finish_starting(tmp_path: Path) -> None:
+    """A graceful stop (a control-plane upgrade) while a run's session is being opened: the
+    open finishes and `working` is stored, so the next server follows the run instead of
+    giving it up as one that may or may not have started."""
+    fake = FakeSessions()
+    fake.open_gate = asyncio.Event()
+    settings = settings_for(tmp_path)
+    async with running_env(settings, fake) as e1:
+        await e1.add_instance()
+        rec = await e1.submit("job")
+        await asyncio.wait_for(fake.opening.wait(), 5)
+        asyncio.get_running_loop().call_later(0.3, fake.open_gate.set)  # the agent answers
+    fake.open_gate = None
+    fake.listeners.clear()
+    async with running_env(settings, fake) as e2:
+        (sess,) = fake.sessions.values()
+        assert (await e2.tasks.get(rec.id, ALICE)).state is S.working
+        fake.emit(sess.id, b"done\n")
+        fake.exit(sess.id, 0)
+        done = await e2.until(rec.id, S.completed)
+        assert done.output_text() == "done\n"
+
+
 async def test_restart_fails_a_run_that_is_gone(tmp_path: Path) -> None:
     fake = FakeSessions()
     settings = settings_for(tmp_path, task_recovery_grace_seconds=0.5)
