@@ -205,8 +205,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             for conc in CONCURRENCY:
                 per = {name: ([], 0.0, 0) for name, _ in paths}
                 rounds = 4
-                for _ in range(rounds):  # alternate batches to spread drift evenly
-                    for name, op in paths:
+                for k in range(rounds):  # alternate batches (ABBA…) to spread drift evenly
+                    for name, op in paths if k % 2 == 0 else paths[::-1]:
                         lat, wall, err = await run_batch(
                             op, conc, args.tasks // rounds, args.seconds / rounds
                         )
@@ -246,7 +246,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="time limit per path and level")
     ap.add_argument("--binding", default="JSONRPC", choices=("JSONRPC", "HTTP+JSON"))
     args = ap.parse_args()
+    load_start = os.getloadavg()
     results = asyncio.run(bench(args))
+    load_end = os.getloadavg()
     print()
     print(f"A2A trivial tasks (`true`) via a host-side agent, binding {args.binding}")
     head = f"{'clients':>7} {'path':>9} {'tasks':>6} {'tasks/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
@@ -265,13 +267,20 @@ def main() -> int:
             f"(ratio p50 {row['ratio_p50']}, p99 {row['ratio_p99']}); target <= +5 ms p50"
         )
         print(f"{'':>7} {'server':>9} p50 {row['server_added_p50_ms']:+.2f} ms (a2a_raw: no SDK)")
+    loads = " -> ".join(" ".join(f"{x:.2f}" for x in load) for load in (load_start, load_end))
+    print(f"load average start -> end: {loads}")
     out = {
         "benchmark": "a2a",
         "command": "true (bash -lc true in a PTY session)",
         "binding": args.binding,
         "baseline": "POST /api/v2/admin/sessions + session.exited event (agent link, no A2A)",
         "target": "a2a adds <= 5 ms p50",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": [round(x, 2) for x in load_start],
+            "loadavg_at_end": [round(x, 2) for x in load_end],
+        },
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results,
     }

@@ -137,6 +137,7 @@ class Bench:
 
 
 async def main(runs: int) -> None:
+    load_start = os.getloadavg()
     ensure_main_libvirtd()
     guest = tiny_guest.build()
     root = Path(tempfile.mkdtemp(prefix="sbx-fleet-bench-", dir="/var/tmp"))
@@ -220,31 +221,37 @@ async def main(runs: int) -> None:
             os.unlink(plain / f"ov{i}.qcow2")
 
         # 2. cold boot to marker -------------------------------------------------------
-        for i in range(runs):
+        async def cold_fleet(i: int) -> None:
             iid = f"bench-cold-{i}"
 
-            async def fleet_boot(iid: str = iid) -> None:
+            async def fleet_boot() -> None:
                 await fleet.create(spec(iid))
                 await wait_fleet_marker(fleet, iid, 0)
 
             b.add("cold boot to marker", "fleet", await timed(fleet_boot))
             await fleet.delete(iid)
+
+        async def cold_plain(i: int) -> None:
             name = f"plain-cold-{i}"
             ov, log = str(plain / f"{name}.qcow2"), str(plain / f"{name}.log")
             xml_path = plain / f"{name}.xml"
             xml_path.write_text(plain_xml(name, ov, log, 44100 + i))
 
-            async def plain_boot(ov: str = ov, log: str = log, xp: Path = xml_path) -> None:
+            async def plain_boot() -> None:
                 subprocess.run(
                     ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, ov],
                     check=True,
                 )
-                virsh("create", str(xp))
+                virsh("create", str(xml_path))
                 await wait_file_marker(log, 0)
 
             plain_domains.append(name)
             b.add("cold boot to marker", "plain", await timed(plain_boot))
             virsh("destroy", name)
+
+        for i in range(runs):  # ABBA: alternate which side boots first
+            for one in (cold_fleet, cold_plain) if i % 2 == 0 else (cold_plain, cold_fleet):
+                await one(i)
 
         # 3/4. snapshot + revert on one running guest each -----------------------------
         await fleet.create(spec("bench-snap"))
@@ -308,10 +315,11 @@ async def main(runs: int) -> None:
             capture_output=True,
             text=True,
         ).stdout
-        for i in range(runs):
+
+        async def clone_fleet(i: int) -> None:
             iid = f"bench-clone-{i}"
 
-            async def fleet_clone(iid: str = iid) -> None:
+            async def fleet_clone() -> None:
                 await fleet.clone_from_state(
                     state.state_id, CloneSpec(instance_id=iid, egress=EgressPolicy.NAT)
                 )
@@ -319,12 +327,14 @@ async def main(runs: int) -> None:
 
             b.add("restore-clone to marker", "fleet", await timed(fleet_clone))
             await fleet.delete(iid)
+
+        async def clone_plain(i: int) -> None:
             cov = str(plain / f"clone{i}.qcow2")
             clog = str(plain / f"clone{i}.log")
             xml_i = save_xml.replace(ov, cov).replace(log, clog)
             (plain / f"clone{i}.xml").write_text(xml_i)
 
-            async def plain_clone(cov: str = cov, clog: str = clog, i: int = i) -> None:
+            async def plain_clone() -> None:
                 subprocess.run(
                     ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", frozen, cov],
                     check=True,
@@ -334,6 +344,10 @@ async def main(runs: int) -> None:
 
             b.add("restore-clone to marker", "plain", await timed(plain_clone))
             virsh("destroy", name)
+
+        for i in range(runs):  # ABBA: alternate which side restores first
+            for one in (clone_fleet, clone_plain) if i % 2 == 0 else (clone_plain, clone_fleet):
+                await one(i)
 
         # 6. warm-pool handoff to marker ----------------------------------------------
         await fleet.configure_pool("bench", state.state_id, 1, egress=EgressPolicy.NAT, wait=True)
@@ -408,6 +422,9 @@ async def main(runs: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     results = b.report()
+    load_end = os.getloadavg()
+    loads = " -> ".join(" ".join(f"{x:.2f}" for x in load) for load in (load_start, load_end))
+    print(f"load average start -> end: {loads}")
     out = REPO / "bench-results"
     out.mkdir(exist_ok=True)
     payload = {
@@ -416,6 +433,8 @@ async def main(runs: int) -> None:
         "accel": "tcg",
         "guest": "tiny (cloud kernel + busybox initramfs, 160 MiB, tb-cache 32 MiB)",
         "steps": results,
+        "loadavg_at_start": [round(x, 2) for x in load_start],
+        "loadavg_at_end": [round(x, 2) for x in load_end],
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     (out / "fleet.json").write_text(json.dumps(payload, indent=2))

@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--reuse-runs", type=int, default=5)
     ap.add_argument("--out", type=Path, default=REPO / "bench-results/images.json")
     args = ap.parse_args()
+    load_start = os.getloadavg()
 
     results: dict[str, Any] = {
         "bench": "images",
@@ -149,6 +150,15 @@ def main() -> int:
         if temp_cache is not None:
             remove_tree(temp_cache)
 
+    load_end = os.getloadavg()
+    results["host"]["loadavg_at_start"] = [round(x, 2) for x in load_start]
+    results["host"]["loadavg_at_end"] = [round(x, 2) for x in load_end]
+    rows.append(
+        (
+            "load average start -> end",
+            " -> ".join(" ".join(f"{x:.2f}" for x in load) for load in (load_start, load_end)),
+        )
+    )
     width = max(len(k) for k, _ in rows)
     print(f"\nimages benchmark ({RECIPE})")
     print("-" * (width + 20))
