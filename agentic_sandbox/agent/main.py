@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -53,6 +52,8 @@ def _configure_logging(level: str, fmt: str) -> None:
 
 
 async def _serve(runtime: AgentRuntime) -> None:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         # the first process: keep the sessions while the worker (this command again) runs
         return run_keeper([sys.executable, "-m", "agentic_sandbox.agent.main", *sys.argv[1:]])
     _configure_logging(cfg.log_level, cfg.log_format)
-    # only the worker loads gRPC and the rest: the keeper stays small
+    # only the worker loads asyncio, gRPC and the rest: the keeper stays small
+    import asyncio
+
     from agentic_sandbox.agent.runtime import AgentRuntime
 
     runtime = AgentRuntime(cfg)
