@@ -182,6 +182,34 @@ def a2a(srv: ServerProcess, method: str, path: str, key: str, body: Any = None) 
     return r.json()
 
 
+def task_agent(
+    leader: ServerProcess, tmp_path: Path, addresses: list[str]
+) -> tuple[AgentProcess, str]:
+    """Host instance `agent-t` with a task runner, its agent linked, and an A2A key for it."""
+    home = tmp_path / "home"  # the login shell must not read the machine user's profile
+    home.mkdir()
+    runner = {"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}}
+    register_host_instance(leader, "agent-t", task_runner=runner)
+    key = leader.ok(
+        "POST",
+        "/api/v2/admin/api-keys",
+        {"instance_id": "agent-t", "scopes": ["a2a:read", "a2a:invoke"]},
+    )["key"]
+    agent = AgentProcess(
+        leader,
+        "agent-t",
+        tmp_path / "agent-t",
+        enrollment_token=enrollment_token(leader, "agent-t"),
+        extra_args=addresses,
+    ).start()
+    try:
+        agent.wait_connected(TIMEOUT)
+    except BaseException:
+        agent.stop()
+        raise
+    return agent, str(key)
+
+
 async def test_a_task_running_across_a_kill9_failover_completes_once(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -192,23 +220,7 @@ async def test_a_task_running_across_a_kill9_failover_completes_once(
         n2.start(TIMEOUT)
         leader, _ = roles(n1, n2)
         follower = n2 if leader is n1 else n1
-        home = tmp_path / "home"  # the login shell must not read the machine user's profile
-        home.mkdir()
-        runner = {"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}}
-        register_host_instance(leader, "agent-t", task_runner=runner)
-        key = leader.ok(
-            "POST",
-            "/api/v2/admin/api-keys",
-            {"instance_id": "agent-t", "scopes": ["a2a:read", "a2a:invoke"]},
-        )["key"]
-        agent = AgentProcess(
-            leader,
-            "agent-t",
-            tmp_path / "agent-t",
-            enrollment_token=enrollment_token(leader, "agent-t"),
-            extra_args=both(leader, follower),
-        ).start()
-        agent.wait_connected(TIMEOUT)
+        agent, key = task_agent(leader, tmp_path, both(leader, follower))
 
         runs = tmp_path / "runs"  # one line per time the task's command ran
         send = {
@@ -263,26 +275,7 @@ async def test_restarting_both_nodes_one_at_a_time_loses_no_session_and_no_task(
         n1.start(TIMEOUT)
         n2.start(TIMEOUT)
         leader, _ = roles(n1, n2)
-        home = tmp_path / "home"
-        home.mkdir()
-        register_host_instance(
-            leader,
-            "agent-t",
-            task_runner={"argv": ["bash", "-lc", "{text}"], "env": {"HOME": str(home)}},
-        )
-        key = leader.ok(
-            "POST",
-            "/api/v2/admin/api-keys",
-            {"instance_id": "agent-t", "scopes": ["a2a:read", "a2a:invoke"]},
-        )["key"]
-        agent = AgentProcess(
-            leader,
-            "agent-t",
-            tmp_path / "agent-t",
-            enrollment_token=enrollment_token(leader, "agent-t"),
-            extra_args=both(n1, n2),
-        ).start()
-        agent.wait_connected(TIMEOUT)
+        agent, key = task_agent(leader, tmp_path, both(n1, n2))
         sid = create_session(
             leader,
             "agent-t",

@@ -45,7 +45,7 @@ from agentic_sandbox.broker.sessions import (
 )
 from agentic_sandbox.broker.tasks.errors import TaskNotCancelable, TaskNotWaiting
 from agentic_sandbox.broker.tasks.files import TaskFileError, TaskFiles, WorkDir, outbox_artifacts
-from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks
+from agentic_sandbox.broker.tasks.live import LiveTask, LiveTasks, RunState
 from agentic_sandbox.broker.tasks.machine import Step, TaskMachine
 from agentic_sandbox.broker.tasks.record import utcnow
 from agentic_sandbox.broker.tasks.skills import RunPlan
@@ -148,19 +148,7 @@ class TaskRunner:
         assert run is not None
         run.session_id = session_id
         self.live.bind_session(live, session_id)
-        step = Step(
-            TaskState.working,
-            actor=SYSTEM_ACTOR,
-            cause=f"run {run.id} started in session {session_id} (adopted after a restart)",
-            metadata={"sessionId": session_id, "runId": run.id},
-            run_values={
-                "session_id": session_id,
-                "state": "running",
-                "started_at": utcnow(),
-                "budget": run.budget,
-            },
-        )
-        await self.machine.advance(live, [step])
+        await self.machine.advance(live, [_working_step(run, "(adopted after a restart)")])
         self.adopt(live)
 
     def adopt(self, live: LiveTask) -> None:
@@ -246,18 +234,7 @@ class TaskRunner:
         # `working` (with the session id) is stored a moment later, while the run's output is
         # already followed: a run that ends within WORKING_WRITE_DELAY has both transitions
         # stored in one write; a longer one overlaps the write with the command.
-        run.pending_start = Step(
-            TaskState.working,
-            actor=SYSTEM_ACTOR,
-            cause=f"run {run.id} started in session {session_id}",
-            metadata={"sessionId": session_id, "runId": run.id},
-            run_values={
-                "session_id": session_id,
-                "state": "running",
-                "started_at": utcnow(),
-                "budget": run.budget,
-            },
-        )
+        run.pending_start = _working_step(run)
         run.start_timer = asyncio.get_running_loop().call_later(
             WORKING_WRITE_DELAY, self._store_start, live
         )
@@ -652,3 +629,20 @@ async def _wait(event: asyncio.Event, seconds: float) -> bool:
         return True
     except TimeoutError:
         return event.is_set()
+
+
+def _working_step(run: RunState, note: str = "") -> Step:
+    """`submitted -> working` for a run whose session is open (`run.session_id`)."""
+    sid = run.session_id
+    return Step(
+        TaskState.working,
+        actor=SYSTEM_ACTOR,
+        cause=f"run {run.id} started in session {sid}" + (f" {note}" if note else ""),
+        metadata={"sessionId": sid, "runId": run.id},
+        run_values={
+            "session_id": sid,
+            "state": "running",
+            "started_at": utcnow(),
+            "budget": run.budget,
+        },
+    )
