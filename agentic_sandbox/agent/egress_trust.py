@@ -25,7 +25,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from agentic_sandbox.agent.streams import Stream, StreamRefused
+from agentic_sandbox.agent.streams import Inert, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,6 @@ END = b"# end of agentic-sandbox egress CA\n"
 _PEM_RE = re.compile(
     rb"\A-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----\r?\n?\Z"
 )
-
-
-class TrustHandler:
-    """Nothing more arrives on the stream; a cancel stops nothing (the write is short)."""
-
-    def on_data(self, channel: int, data: bytes, eof: bool) -> None:
-        return None
-
-    def on_credit(self, channel: int) -> None:
-        return None
-
-    def on_close(self, error: pb.StreamError | None) -> None:
-        return None
 
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -114,7 +101,7 @@ def open_trust_stream(
     background: set[asyncio.Future[None]],
     stream: Stream,
     msg: pb.StreamOpen,
-) -> tuple[TrustHandler, pb.StreamAccept]:
+) -> tuple[Inert, pb.StreamAccept]:
     pem = bytes(msg.egress_trust.ca_pem)
     if len(pem) > MAX_PEM or not _PEM_RE.match(pem):
         raise StreamRefused("bad-certificate", "not one PEM certificate", "ca_pem")
@@ -126,4 +113,4 @@ def open_trust_stream(
     task = asyncio.ensure_future(run())
     background.add(task)
     task.add_done_callback(background.discard)
-    return TrustHandler(), pb.StreamAccept()
+    return Inert(), pb.StreamAccept()

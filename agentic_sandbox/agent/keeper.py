@@ -23,6 +23,15 @@ single process too): a Python holder costs ~25 ms to start on the host (~10x in 
 ~10 MB of memory for every session; the keeper costs that once. It does no per-byte work: the
 worker reads and writes the PTYs itself, as before.
 
+Agent bundles (`upgrade.py`): the keeper starts its worker from `<state_dir>/bundles/current`
+when that names an unpacked bundle (`PYTHONPATH` first, `python -P`: the current directory
+never shadows it), else from the installed agent. A worker that unpacked a new bundle asks for a
+`trial` of it and exits as for a planned restart; the keeper starts the next worker from the
+bundle and makes it `current` once that worker says `healthy`. One that exits before, or is
+not healthy within the trial's seconds (it is asked to hand over, then killed), is replaced by
+a worker from the bundle that ran before, which is told why (`PROBLEM_ENV`). A `current`
+bundle whose worker keeps failing at once is given up for the installed agent the same way.
+
 `SIGTERM`/`SIGINT` to the keeper stop the worker (it ends its sessions, as an agent stop always
 did) and then the keeper. Killing the keeper's process group kills both; the sessions hang up.
 """
@@ -34,12 +43,14 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 ENV_FD = "AGENTIC_SANDBOX_KEEPER_FD"
@@ -47,6 +58,9 @@ EXIT_RESTART = 75  # the worker asks to be started again (an upgrade, a planned 
 MAX_MESSAGE = 64 * 1024
 PR_SET_CHILD_SUBREAPER = 36
 RESTART_BACKOFF = (0.1, 5.0)  # a worker that keeps failing at once is restarted slower
+PROBLEM_ENV = "AGENTIC_SANDBOX_BUNDLE_PROBLEM"  # (upgrade.PROBLEM_ENV: the keeper imports none)
+HANDOVER_GRACE = 10.0  # a worker asked to hand over on a failed trial, then killed
+CURRENT_GIVE_UP = 3  # quick failures in a row of the current bundle's worker, then the installed
 
 
 def _log(msg: str) -> None:
@@ -82,10 +96,34 @@ class Held:
     exit: dict[str, Any] | None = None  # reaped by the keeper
 
 
+def _bundle_dir(bundles: Path | None, digest: str) -> Path | None:
+    """`bundles/<digest>` when it holds an unpacked agent (what `upgrade._unpack` made)."""
+    if bundles is None or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        return None
+    path = bundles / digest
+    return path if (path / "agentic_sandbox" / "agent" / "main.py").is_file() else None
+
+
+@dataclass
+class Trial:
+    digest: str
+    seconds: float
+    fallback: Path | None  # what ran before (None: the installed agent)
+    deadline: float = 0.0  # set when its worker starts
+    failed: str = ""  # why it is being ended
+
+
 @dataclass
 class Keeper:
     argv: list[str]  # the worker's command line
+    bundles: Path | None = None  # <state_dir>/bundles
     held: dict[str, Held] = field(default_factory=dict)
+    bundle: Path | None = None  # the bundle workers run (None: the installed agent)
+    trial: Trial | None = None
+    wanted: Trial | None = None  # asked for by the worker: started with the next one
+    problem: str = ""  # told to the next worker: why a bundle was given up
+    _quick_failures: int = 0
+    _kill_at: float = 0.0
     worker: subprocess.Popen[bytes] | None = None
     sock: socket.socket | None = None
     stopping: bool = False
@@ -96,6 +134,7 @@ class Keeper:
     def run(self) -> int:
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        self.bundle = self._current()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -117,20 +156,113 @@ class Keeper:
                     self._receive()
             while pending:
                 self._on_signal(pending.pop(0))
+            self._check_trial()
         for h in self.held.values():
             for fd in h.fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         return self.code
 
+    # ---- bundles ------------------------------------------------------------------------------
+    def _current(self) -> Path | None:
+        if self.bundles is None:
+            return None
+        try:
+            digest = os.readlink(self.bundles / "current")
+        except OSError:
+            return None
+        found = _bundle_dir(self.bundles, digest)
+        if found is None:
+            _log(f"bundles/current names {digest!r}, which holds no agent: the installed one runs")
+        return found
+
+    def _make_current(self, bundle: Path | None, before: Path | None = None) -> None:
+        """Record `bundle` as current (None: the installed agent); prune all bundles but it
+        and `before`."""
+        if self.bundles is None:
+            return
+        link = self.bundles / "current"
+        try:
+            if bundle is None:
+                with contextlib.suppress(FileNotFoundError):
+                    link.unlink()
+                return
+            tmp = self.bundles / f".current.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(bundle.name, tmp)
+            os.replace(tmp, link)
+        except OSError as exc:
+            _log(f"cannot record the current bundle: {exc}")
+            return
+        keep = {bundle.name, *((before.name,) if before is not None else ())}
+        for old in self.bundles.iterdir():
+            if len(old.name) == 64 and old.name not in keep and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _on_healthy(self) -> None:
+        trial = self.trial
+        if trial is None or trial.failed:
+            return
+        _log(f"agent bundle {trial.digest[:12]} is healthy: it is the current bundle now")
+        self._make_current(self.bundle, trial.fallback)
+        self.trial = None
+        self.problem = ""
+        self._quick_failures = 0
+
+    def _check_trial(self) -> None:
+        trial, now = self.trial, time.monotonic()
+        if trial is None or self.worker is None:
+            return
+        if not trial.failed and now > trial.deadline:
+            trial.failed = f"was not healthy within {trial.seconds:.0f} s"
+            _log(f"agent bundle {trial.digest[:12]} {trial.failed}: going back")
+            self._kill_at = now + HANDOVER_GRACE
+            with contextlib.suppress(ProcessLookupError):
+                self.worker.send_signal(signal.SIGHUP)  # hand the sessions back, then exit
+        elif trial.failed and now > self._kill_at:
+            with contextlib.suppress(ProcessLookupError):
+                self.worker.kill()
+
+    def _roll_back(self, why: str) -> None:
+        trial = self.trial
+        assert trial is not None
+        self.problem = f"agent bundle {trial.digest} was rolled back: its worker {why}"
+        _log(self.problem)
+        self.bundle = trial.fallback
+        self.trial = None
+
     # ---- the worker ---------------------------------------------------------------------------
+    def _worker_argv(self) -> list[str]:
+        if self.bundle is None:
+            return self.argv
+        return [self.argv[0], "-P", *self.argv[1:]]  # -P: no current directory on the path
+
+    def _worker_env(self, fd: int) -> dict[str, str]:
+        env = dict(os.environ, **{ENV_FD: str(fd)})
+        if self.bundle is not None:
+            rest = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = str(self.bundle) + (os.pathsep + rest if rest else "")
+        if self.problem:
+            env[PROBLEM_ENV] = self.problem
+        return env
+
     def _start_worker(self) -> None:
+        if self.wanted is not None:  # the worker that asked for a trial is gone: start it
+            trial, self.wanted = self.wanted, None
+            found = _bundle_dir(self.bundles, trial.digest)
+            if found is not None:
+                self.trial = trial
+                self.bundle = found
+                _log(f"trying agent bundle {trial.digest[:12]} ({trial.seconds:.0f} s)")
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, **{ENV_FD: str(theirs.fileno())})
-        self.worker = subprocess.Popen(self.argv, env=env, pass_fds=(theirs.fileno(),))
+        env = self._worker_env(theirs.fileno())
+        self.worker = subprocess.Popen(self._worker_argv(), env=env, pass_fds=(theirs.fileno(),))
         theirs.close()
         self.sock = mine
         self._started_at = time.monotonic()
+        if self.trial is not None and not self.trial.deadline:
+            self.trial.deadline = self._started_at + self.trial.seconds
         for h in list(self.held.values()):
             self._send(
                 {"op": "adopt", "sid": h.sid, "pid": h.pid, "meta": h.meta, "exit": h.exit}, h.fds
@@ -172,6 +304,16 @@ class Keeper:
             os.close(fd)
         if op == "release" and sid in self.held:
             self._close(self.held.pop(sid))
+        elif op == "healthy":
+            self._on_healthy()
+        elif op == "trial":
+            digest = str(msg.get("bundle", ""))
+            seconds = msg.get("seconds")
+            seconds = float(seconds) if isinstance(seconds, int | float) else 120.0
+            if _bundle_dir(self.bundles, digest) is None:
+                _log(f"a trial of {digest[:64]!r} was asked for, which is not unpacked")
+            else:
+                self.wanted = Trial(digest, min(max(seconds, 5.0), 3600.0), self.bundle)
 
     @staticmethod
     def _close(h: Held) -> None:
@@ -209,7 +351,13 @@ class Keeper:
                     h.exit = exit_status(status, rusage)
                     self._send({"op": "exited", "sid": h.sid, "exit": h.exit})
 
+    def _drain(self) -> None:
+        """What the worker said before it exited (a `trial` it asked for just before)."""
+        while self.sock is not None and select.select([self.sock], [], [], 0)[0]:
+            self._receive()
+
     def _worker_exited(self, code: int) -> None:
+        self._drain()
         self.worker = None
         if self.sock is not None:
             self.sock.close()
@@ -218,9 +366,24 @@ class Keeper:
             self.code = code if code >= 0 else 128 - code
             return
         quick = time.monotonic() - self._started_at < 10.0
+        trial = self.trial
+        if trial is not None and (trial.failed or code != EXIT_RESTART):
+            self._roll_back(trial.failed or f"exited ({code}) before it was healthy")
+            return
         if code == EXIT_RESTART:
             _log("the worker asked to be restarted; sessions are kept")
             self._backoff = RESTART_BACKOFF[0]
+            return
+        self._quick_failures = self._quick_failures + 1 if quick else 0
+        if self.bundle is not None and self._quick_failures >= CURRENT_GIVE_UP:
+            self.problem = (
+                f"agent bundle {self.bundle.name} was given up: its worker exited ({code}) "
+                f"{self._quick_failures} times in a row at once; the installed agent runs"
+            )
+            _log(self.problem)
+            self.bundle = None
+            self._make_current(None)
+            self._quick_failures = 0
             return
         _log(f"the worker exited ({code}); restarting it, {len(self.held)} sessions kept")
         if quick:
@@ -311,6 +474,14 @@ class KeeperLink:
     def release(self, sid: str) -> None:
         self._send({"op": "release", "sid": sid}, [])
 
+    def trial(self, digest: str, seconds: int) -> None:
+        """Start the next worker from bundle `digest` (unpacked), on trial for `seconds`."""
+        self._send({"op": "trial", "bundle": digest, "seconds": seconds}, [])
+
+    def healthy(self) -> None:
+        """This worker linked and heard the server: a bundle on trial is kept."""
+        self._send({"op": "healthy"}, [])
+
     def _send(self, msg: dict[str, Any], fds: list[int]) -> None:
         if not self.alive:
             return
@@ -337,5 +508,5 @@ class KeeperLink:
         return (msg if isinstance(msg, dict) else {}), fds
 
 
-def run_keeper(argv: list[str]) -> int:
-    return Keeper(argv).run()
+def run_keeper(argv: list[str], bundles: Path | None = None) -> int:
+    return Keeper(argv, bundles).run()

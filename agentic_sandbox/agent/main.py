@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.session_keeper and ENV_FD not in os.environ:
         # the first process: keep the sessions while the worker (this command again) runs
-        return run_keeper([sys.executable, "-m", "agentic_sandbox.agent.main", *sys.argv[1:]])
+        return run_keeper(
+            [sys.executable, "-m", "agentic_sandbox.agent.main", *sys.argv[1:]],
+            cfg.state_dir / "bundles",
+        )
     _configure_logging(cfg.log_level, cfg.log_format)
     # only the worker loads asyncio, gRPC and the rest: the keeper stays small
     import asyncio

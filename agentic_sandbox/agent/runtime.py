@@ -32,12 +32,11 @@ import socket
 import time
 import uuid
 from collections import deque
-from importlib import metadata
 from pathlib import Path
 
 import grpc
 
-from agentic_sandbox.agent import cgroups, egress_trust, files, identity, pki
+from agentic_sandbox.agent import cgroups, egress_trust, files, identity, pki, upgrade
 from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig, default_enroll
 from agentic_sandbox.agent.controls import Controls, leader_hint
@@ -66,13 +65,6 @@ SIGNAL_NAMES = {
 }
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 BULK_BYTES = BATCH_BYTES // 4  # a session message this large is a flood's: a stream gets a turn
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("agentic-sandbox")
-    except metadata.PackageNotFoundError:
-        return "0.1.0"
 
 
 def _boot_id() -> str:
@@ -135,6 +127,17 @@ class AgentRuntime:
         openers: dict[str, Opener] = {"exec": self._open_exec}
         openers.update(dict.fromkeys(files.KINDS, self._open_file))
         openers["port"] = PortRelay.open
+        if self.keeper is not None:  # only a kept agent can restart without ending sessions
+            openers[upgrade.KIND] = functools.partial(
+                upgrade.open_bundle_stream,
+                config.state_dir / "bundles",
+                self._bundle_staged,
+                self._background,
+            )
+        self.running = upgrade.running()
+        self.bundle_problem = upgrade.bundle_problem()
+        self._main: asyncio.Task[None] | None = None
+        self._said_healthy = False
         if config.egress_ca_file:
             openers["egress_trust"] = functools.partial(
                 egress_trust.open_trust_stream,
@@ -212,6 +215,27 @@ class AgentRuntime:
         self, stream: Stream, msg: pb.StreamOpen
     ) -> tuple[StreamHandler, pb.StreamAccept]:
         return files.open_file_stream(files.FilesContext(self.cfg.default_user), stream, msg)
+
+    def _bundle_staged(self, stream: Stream, digest: str, trial: int) -> None:
+        """A new bundle is unpacked: have the keeper try it, once the stream's close is out."""
+        keeper = self.keeper
+        assert keeper is not None
+
+        async def restart() -> None:
+            for _ in range(250):  # the close leaves with the next messages
+                if stream.detached:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # and gRPC writes it
+            keeper.trial(digest, trial)
+            log.info("restarting to try agent bundle %s (%d s trial)", digest[:12], trial)
+            self.handing_over = True
+            if self._main is not None:
+                self._main.cancel()
+
+        task = asyncio.ensure_future(restart())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _adopt(self, adopted: list[Adopted]) -> None:
         """Take on the sessions a previous worker left with the keeper (see `keeper.py`)."""
@@ -292,6 +316,9 @@ class AgentRuntime:
             if sess is not None and name is not None:
                 sess.send_signal(name)
         elif kind == "heartbeat_ack":
+            if not self._said_healthy and self.keeper is not None:
+                self._said_healthy = True  # linked and answered: a bundle on trial is kept
+                self.keeper.healthy()
             if self.cfg.seed_identity:  # a guest: follow the server's clock
                 identity.step_clock(msg.heartbeat_ack.server_time_unix_ms / 1000.0)
         elif kind == "close":
@@ -303,7 +330,9 @@ class AgentRuntime:
     def register_message(self) -> pb.Register:
         return pb.Register(
             instance_id=self.cfg.instance_id,
-            agent_version=agent_version(),
+            agent_version=self.running.version,
+            agent_bundle=self.running.digest,
+            bundle_problem=self.bundle_problem,
             hostname=socket.gethostname(),
             boot_id=_boot_id(),
             agent_run_id=self.run_id,
@@ -511,6 +540,7 @@ class AgentRuntime:
         )
 
     async def run(self) -> None:
+        self._main = asyncio.current_task()
         self.wake_event = asyncio.Event()
         self._seed_changed = asyncio.Event()
         adopted = self.keeper.adopted() if self.keeper is not None else []

@@ -77,6 +77,20 @@ class StreamHandler(Protocol):
         ...
 
 
+class Inert:
+    """The handler of a stream whose work is done at its open (nothing more arrives, a cancel
+    stops nothing): an egress CA written, a bundle the agent runs already."""
+
+    def on_data(self, channel: int, data: bytes, eof: bool) -> None:
+        return None
+
+    def on_credit(self, channel: int) -> None:
+        return None
+
+    def on_close(self, error: pb.StreamError | None) -> None:
+        return None
+
+
 #: an opener validates the open and starts the work; it answers with the handler and the accept,
 #: or with None for the accept when it comes later (a port's connect): the handler then calls
 #: `Stream.accept` once it can serve, or `Stream.fail` (a close before any accept: a refusal)

@@ -243,6 +243,8 @@ class Register(_message.Message):
     STREAM_KINDS_FIELD_NUMBER: _builtins.int
     BUDGETS_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
+    AGENT_BUNDLE_FIELD_NUMBER: _builtins.int
+    BUNDLE_PROBLEM_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -258,6 +260,11 @@ class Register(_message.Message):
     protocol 1). One the server does not speak is refused FAILED_PRECONDITION with the
     trailing metadata `sandbox-protocol: <min>-<max>` (what the server speaks).
     """
+    agent_bundle: _builtins.str
+    """The SHA-256 of the agent bundle this worker runs (upgrade.py; "": an installed package),
+    and why the bundle last tried was rolled back ("" when none was).
+    """
+    bundle_problem: _builtins.str
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
     @_builtins.property
@@ -281,10 +288,12 @@ class Register(_message.Message):
         stream_kinds: _abc.Iterable[_builtins.str] | None = ...,
         budgets: Global___BudgetSupport | None = ...,
         protocol: _builtins.int = ...,
+        agent_bundle: _builtins.str = ...,
+        bundle_problem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -943,6 +952,7 @@ class StreamOpen(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     EGRESS_TRUST_FIELD_NUMBER: _builtins.int
+    AGENT_BUNDLE_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """bytes the opener accepts on each channel it receives, before any credit"""
     max_frame: _builtins.int
@@ -971,6 +981,8 @@ class StreamOpen(_message.Message):
 
     @_builtins.property
     def egress_trust(self) -> Global___EgressTrust: ...
+    @_builtins.property
+    def agent_bundle(self) -> Global___AgentBundle: ...
     def __init__(
         self,
         *,
@@ -986,12 +998,13 @@ class StreamOpen(_message.Message):
         port: Global___PortSpec | None = ...,
         egress: Global___EgressSpec | None = ...,
         egress_trust: Global___EgressTrust | None = ...,
+        agent_bundle: Global___AgentBundle | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "port", b"port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "max_frame", b"max_frame", "port", b"port", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "egress", b"egress", "egress_trust", b"egress_trust", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "kind", b"kind", "max_frame", b"max_frame", "port", b"port", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust", "agent_bundle"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -1109,6 +1122,7 @@ class StreamClose(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     EGRESS_TRUST_FIELD_NUMBER: _builtins.int
+    AGENT_BUNDLE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def error(self) -> Global___StreamError:
         """set: refused, failed or cancelled (then `result` is usually unset)"""
@@ -1135,6 +1149,8 @@ class StreamClose(_message.Message):
 
     @_builtins.property
     def egress_trust(self) -> Global___EgressTrustResult: ...
+    @_builtins.property
+    def agent_bundle(self) -> Global___AgentBundleResult: ...
     def __init__(
         self,
         *,
@@ -1149,12 +1165,13 @@ class StreamClose(_message.Message):
         port: Global___PortResult | None = ...,
         egress: Global___EgressResult | None = ...,
         egress_trust: Global___EgressTrustResult | None = ...,
+        agent_bundle: Global___AgentBundleResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "egress", b"egress", "egress_trust", b"egress_trust", "error", b"error", "exec", b"exec", "file_download", b"file_download", "file_list", b"file_list", "file_mkdir", b"file_mkdir", "file_remove", b"file_remove", "file_stat", b"file_stat", "file_upload", b"file_upload", "port", b"port", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["exec", "file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove", "port", "egress", "egress_trust", "agent_bundle"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
@@ -1875,3 +1892,61 @@ class EgressTrustResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EgressTrustResult: _TypeAlias = EgressTrustResult  # noqa: Y015
+
+@_typing.final
+class AgentBundle(_message.Message):
+    """---- agent upgrades (a stream of kind `agent_bundle`, opened by the server) ---------------------
+    Channel 0 carries the bundle (the reproducible tar.gz of `provision.bundle`): `size` bytes whose
+    SHA-256 is `digest`. The agent unpacks it beside its state, closes with AgentBundleResult and
+    has its session keeper start a worker from it on trial (keeping every session): the bundle is
+    kept once that worker has linked and heard a heartbeat answer within `trial_seconds`, else the
+    keeper goes back to the bundle it ran before (`Register.bundle_problem` says why).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    TRIAL_SECONDS_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """SHA-256, lowercase hex"""
+    size: _builtins.int
+    trial_seconds: _builtins.int
+    """0: the agent's default (120)"""
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        size: _builtins.int = ...,
+        trial_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "size", b"size", "trial_seconds", b"trial_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBundle: _TypeAlias = AgentBundle  # noqa: Y015
+
+@_typing.final
+class AgentBundleResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    RESTARTING_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    restarting: _builtins.bool
+    """false: the agent runs this bundle already"""
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        restarting: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "restarting", b"restarting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBundleResult: _TypeAlias = AgentBundleResult  # noqa: Y015
