@@ -1,7 +1,14 @@
 """Provisioning: loadouts, cloud-init seeds and the pipeline that turns a name + loadout into a
 running VM whose agent has enrolled. May use `fleet` and `images`; never `broker`."""
 
-from agentic_sandbox.provision.bundle import AgentBundle, BundleError, build_bundle, check_bundle
+from agentic_sandbox.provision.bundle import (
+    AgentBundle,
+    BundleError,
+    build_bundle,
+    bundle_digest,
+    bundle_version,
+    check_bundle,
+)
 from agentic_sandbox.provision.loadouts import (
     Budgets,
     Loadout,
@@ -40,6 +47,8 @@ __all__ = [
     "SeedFiles",
     "StageRecord",
     "build_bundle",
+    "bundle_digest",
+    "bundle_version",
     "check_bundle",
     "extend",
     "load_catalog",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -65,17 +66,34 @@ def _bundle_files() -> list[tuple[str, Path]]:
     return files
 
 
+MANIFEST = "agentic-sandbox-agent.json"  # the bundle's version (agent/upgrade.py reads it)
+
+
+def project_version() -> str:
+    try:
+        return metadata.version("agentic-sandbox")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
 def build_bundle() -> bytes:
-    """A reproducible tar.gz of the agent's sources (same files → same bytes: every member's
-    mtime is 0, and so is the gzip header's, which `tarfile`'s "w:gz" would set to now — the
-    bundle's digest then changed every second and each provision checked it again)."""
+    """A reproducible tar.gz of the agent's sources and its manifest (same files → same bytes:
+    every member's mtime is 0, and so is the gzip header's, which `tarfile`'s "w:gz" would set
+    to now — the bundle's digest then changed every second and each provision checked it
+    again)."""
+    members = [(name, path.read_bytes()) for name, path in _bundle_files()]
+    members.append((MANIFEST, json.dumps({"version": project_version()}).encode() + b"\n"))
+    return pack_bundle(members)
+
+
+def pack_bundle(members: list[tuple[str, bytes]]) -> bytes:
+    """The reproducible tar.gz of `members` (name, content), in their order."""
     buf = io.BytesIO()
     with (
         gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w") as tar,
     ):
-        for name, path in _bundle_files():
-            data = path.read_bytes()
+        for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = 0o644
@@ -86,6 +104,30 @@ def build_bundle() -> bytes:
 
 def bundle_digest(bundle: bytes) -> str:
     return hashlib.sha256(bundle).hexdigest()
+
+
+def bundle_version(bundle: bytes) -> str:
+    """The version the bundle's manifest names; `BundleError` when it is not a gzip'd tar
+    with a manifest naming one (what an agent unpacks and reports, `agent/upgrade.py`)."""
+    if bundle[:2] != b"\x1f\x8b":
+        raise BundleError("the agent bundle is not gzip-compressed (a .tar.gz is expected)")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+            member = tar.getmember(MANIFEST)
+            raw = tar.extractfile(member)
+            doc = json.loads(raw.read(64 * 1024)) if raw is not None else None
+    except KeyError:
+        raise BundleError(f"the agent bundle has no {MANIFEST}") from None
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise BundleError(f"the agent bundle does not unpack: {exc}") from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if not isinstance(version, str) or not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}", version
+    ):
+        raise BundleError(
+            f'{MANIFEST}: "version" must be a version string (letters, digits, . + _ -)'
+        )
+    return version
 
 
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -190,9 +232,13 @@ class AgentBundle:
     def checked(self) -> bytes:
         """The current bundle, checked (blocking: call it from a thread)."""
         bundle = build_bundle()
+        self.check(bundle)
+        return bundle
+
+    def check(self, bundle: bytes) -> None:
+        """`check_bundle`, once per distinct content (blocking)."""
         digest = bundle_digest(bundle)
         with self._lock:
             if digest not in self._checked:
                 check_bundle(bundle, python=self._python)
                 self._checked.add(digest)
-        return bundle

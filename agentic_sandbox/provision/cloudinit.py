@@ -111,6 +111,7 @@ if [ ! -e {AGENT_APP}/.installed ]; then
   stage agent-install
   mkdir -p {AGENT_APP}
   tar -xzf {AGENT_HOME}/agent-bundle.tar.gz -C {AGENT_APP}
+  sha256sum {AGENT_HOME}/agent-bundle.tar.gz | cut -d' ' -f1 > {AGENT_APP}/.bundle-digest
 {venv}  # start first (systemd loads a unit it has not seen on demand; no reload), enable after
   systemctl start {AGENT_UNIT} || {{ systemctl daemon-reload && systemctl start {AGENT_UNIT}; }}
   systemctl enable --quiet --no-reload {AGENT_UNIT}

@@ -12,11 +12,15 @@ import pytest
 
 import agentic_sandbox
 from agentic_sandbox.provision.bundle import (
+    MANIFEST,
     PACKAGE_ROOT,
     AgentBundle,
     BundleError,
     build_bundle,
+    bundle_version,
     check_bundle,
+    pack_bundle,
+    project_version,
 )
 
 
@@ -34,9 +38,30 @@ def test_the_bundle_holds_the_agent_and_its_generated_code_only() -> None:
     assert all(
         n.startswith(("agentic_sandbox/agent/", "agentic_sandbox/proto/"))
         for n in names
-        if n != "agentic_sandbox/__init__.py"
+        if n not in ("agentic_sandbox/__init__.py", MANIFEST)
     )
     assert build_bundle() == build_bundle()  # reproducible
+
+
+def test_the_bundle_names_its_version_in_its_manifest() -> None:
+    bundle = build_bundle()
+    assert MANIFEST in _names(bundle)
+    assert bundle_version(bundle) == project_version() != ""
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"not a gzip", "not gzip"),
+        (pack_bundle([("agentic_sandbox/__init__.py", b"")]), f"no {MANIFEST}"),
+        (pack_bundle([(MANIFEST, b"{")]), "does not unpack"),
+        (pack_bundle([(MANIFEST, b'{"version": "1.0; rm -rf /"}')]), "version string"),
+        (pack_bundle([(MANIFEST, b'{"version": 3}')]), "version string"),
+    ],
+)
+def test_a_bundle_without_a_readable_version_is_refused_naming_why(data: bytes, why: str) -> None:
+    with pytest.raises(BundleError, match=why):
+        bundle_version(data)
 
 
 def test_the_bundle_comes_from_our_files_whatever_a_generic_name_resolves_to() -> None:
