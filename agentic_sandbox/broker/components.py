@@ -24,6 +24,7 @@ def build_components(svc: Services) -> list[Component]:
     from agentic_sandbox.broker.ports import PortsComponent
     from agentic_sandbox.broker.sessions.component import SessionsComponent
     from agentic_sandbox.broker.tasks import TasksComponent
+    from agentic_sandbox.broker.upgrades import UpgradesComponent
 
     # The hub starts first (it loads unfinished sessions) and stops last; the agent link
     # hands every agent message to it.
@@ -42,6 +43,8 @@ def build_components(svc: Services) -> list[Component]:
     egress = EgressComponent(svc, agent_link.registry)
     tasks.service.use_egress_bytes(egress.service.run_bytes)  # a run's network_egress_bytes
     execs.service.use_egress(egress.service)  # an exec's network_egress_bytes
+    # agent bundles and rollouts: operations on the fleet's runner
+    upgrades = UpgradesComponent(svc, agent_link.registry, fleet.ops)
     return [
         sessions,
         agent_link,
@@ -52,4 +55,5 @@ def build_components(svc: Services) -> list[Component]:
         tasks,
         A2AComponent(svc, tasks.service),
         fleet,
+        upgrades,
     ]

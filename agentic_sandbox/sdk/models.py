@@ -316,6 +316,8 @@ class Agent(ApiModel):
     connected_at: dt.datetime | None = None
     last_heartbeat_at: dt.datetime | None = None
     agent_version: str = ""
+    agent_bundle: str = ""
+    bundle_problem: str = ""
     hostname: str = ""
     metrics: dict[str, Any] = Field(default_factory=dict)
 

@@ -29,6 +29,8 @@ from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.stream_kinds import (
     DIGEST,
     KIND_NAMES,
+    AgentBundleResult,
+    AgentBundleSpec,
     BudgetSpec,
     EgressOpened,
     EgressResult,
@@ -63,6 +65,8 @@ __all__ = [
     "DIGEST",
     "KIND_NAMES",
     "SIGNAL_NAMES",
+    "AgentBundleResult",
+    "AgentBundleSpec",
     "AgentConnection",
     "AgentLinkComponent",
     "AgentRegistry",

@@ -63,6 +63,9 @@ class AgentInfo:
     budget_enforcement: str = ""  # cgroup-v2, cgroup-v1, none ("" before stream support)
     budgets: tuple[str, ...] = ()  # budget fields it enforces
     budget_problem: str = ""  # why it cannot enforce the others
+    agent_bundle: str = ""  # the SHA-256 of the bundle the agent runs ("": an installed one)
+    bundle_problem: str = ""  # why the bundle it last tried was rolled back
+    session_ids: frozenset[str] = frozenset()  # the sessions its registration held (any state)
 
 
 @dataclass

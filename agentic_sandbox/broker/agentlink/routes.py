@@ -225,6 +225,13 @@ class AgentStatus(Output):
     last_heartbeat_at: dt.datetime | None = None
     peer: str | None = None
     agent_version: str = ""
+    agent_bundle: str = Field(
+        default="",
+        description="SHA-256 of the agent bundle it runs (upgrades); empty: the one installed",
+    )
+    bundle_problem: str = Field(
+        default="", description="why the bundle it last tried was rolled back"
+    )
     hostname: str = ""
     certificate_serial: str | None = Field(
         default=None, description="serial of the client certificate the live link presented"
@@ -249,6 +256,8 @@ def _status_of(
             last_heartbeat_at=conn.last_heartbeat_at,
             peer=conn.peer,
             agent_version=conn.info.agent_version,
+            agent_bundle=conn.info.agent_bundle,
+            bundle_problem=conn.info.bundle_problem,
             hostname=conn.info.hostname,
             certificate_serial=conn.cert_serial,
             metrics=conn.metrics.as_dict(),

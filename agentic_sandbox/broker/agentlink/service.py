@@ -59,6 +59,7 @@ from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT = 10.0
+MAX_INVENTORY = 4096  # session ids kept from a registration (AgentInfo.session_ids)
 
 # What the read loop does with one kind of agent message (after `register`, which comes first).
 Receiver = Callable[[AgentConnection, pb.AgentMessage], None]
@@ -406,6 +407,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 budget_enforcement=reg.budgets.enforcement[:32],
                 budgets=tuple(b[:32] for b in reg.budgets.budgets[:16]),
                 budget_problem=reg.budgets.problem[:512],
+                agent_bundle=reg.agent_bundle[:64],
+                bundle_problem=reg.bundle_problem[:512],
+                session_ids=frozenset(s.session_id[:64] for s in reg.sessions[:MAX_INVENTORY]),
             ),
         )
         conn.task = asyncio.current_task()

@@ -246,6 +246,22 @@ class EgressTrustResult:
     refreshed: bool
 
 
+# ---- agent upgrades (opened by the server) ------------------------------------------------------
+@dataclass(slots=True)
+class AgentBundleSpec:
+    """Channel 0: an agent bundle of `size` bytes whose SHA-256 is `digest` (agent/upgrade.py)."""
+
+    digest: str
+    size: int
+    trial_seconds: int = 0  # 0: the agent's default
+
+
+@dataclass(slots=True)
+class AgentBundleResult:
+    digest: str  # untrusted: compared with what was sent
+    restarting: bool  # False: the agent runs this bundle already
+
+
 DIGEST = 3  # the upload's channel for the sender's SHA-256 (after channel 0's end)
 
 OpenSpec = (
@@ -258,10 +274,18 @@ OpenSpec = (
     | FileRemove
     | PortSpec
     | EgressTrust
+    | AgentBundleSpec
 )
 Started = ExecStarted | FileInfo | PortConnected | None
 Result = (
-    ExecResult | FileResult | FileInfo | FileListing | FileRemoved | PortResult | EgressTrustResult
+    ExecResult
+    | FileResult
+    | FileInfo
+    | FileListing
+    | FileRemoved
+    | PortResult
+    | EgressTrustResult
+    | AgentBundleResult
 )
 
 #: the agent's name for each kind (what it lists in `Register.stream_kinds`)
@@ -275,6 +299,7 @@ KIND_NAMES: dict[type, str] = {
     FileRemove: "file_remove",
     PortSpec: "port",
     EgressTrust: "egress_trust",
+    AgentBundleSpec: "agent_bundle",
 }
 
 
@@ -337,6 +362,12 @@ def to_open(spec: OpenSpec) -> pb.StreamOpen:
         return pb.StreamOpen(port=pb.PortSpec(port=spec.port))
     if isinstance(spec, EgressTrust):
         return pb.StreamOpen(egress_trust=pb.EgressTrust(ca_pem=spec.ca_pem))
+    if isinstance(spec, AgentBundleSpec):
+        return pb.StreamOpen(
+            agent_bundle=pb.AgentBundle(
+                digest=spec.digest, size=spec.size, trial_seconds=spec.trial_seconds
+            )
+        )
     return pb.StreamOpen(file_remove=pb.FileRemove(path=spec.path, recursive=spec.recursive))
 
 
@@ -389,5 +420,9 @@ def close_result(close: pb.StreamClose) -> Result | None:
     if which == "egress_trust":
         return EgressTrustResult(
             path=close.egress_trust.path[:4096], refreshed=close.egress_trust.refreshed
+        )
+    if which == "agent_bundle":
+        return AgentBundleResult(
+            digest=close.agent_bundle.digest[:64], restarting=close.agent_bundle.restarting
         )
     return None

@@ -159,6 +159,18 @@ class Secret(Base, Timestamps):
     __table_args__ = (UniqueConstraint("owner", "name"),)
 
 
+class AgentBundle(Base):
+    """An agent bundle uploaded for rollouts (the server's own is built from its files)."""
+
+    __tablename__ = "agent_bundles"
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # SHA-256 of `data`
+    version: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column()
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class SecretBinding(Base):
     __tablename__ = "secret_bindings"
     secret_id: Mapped[str] = mapped_column(
