@@ -32,6 +32,19 @@ def create_session(
     return str(out["id"])
 
 
+def first_difference(got: bytes, expected: bytes) -> str:
+    """Where an observer's bytes first differ from what the PTY wrote, and by how much."""
+    n = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
+    if n is None:
+        return f"lengths {len(got)} and {len(expected)}"
+    resumes = expected.find(got[n : n + 64], n)
+    return (
+        f"at byte {n}: got {got[n - 20 : n + 40]!r}, expected {expected[n - 20 : n + 40]!r}; "
+        f"got continues at expected byte {resumes} ({resumes - n} bytes lost); "
+        f"lengths {len(got)} and {len(expected)}"
+    )
+
+
 def wait_state(
     server: ServerProcess, session_id: str, states: tuple[str, ...], timeout: float = 20.0
 ) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 from tests.support.agents import AgentProcess
 from tests.support.fixtures import AgentFactory, ServerFactory
 from tests.support.ptyclient import PtyClient
-from tests.support.sessions import create_session, wait_state
+from tests.support.sessions import create_session, first_difference, wait_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,18 +25,6 @@ LINES = 1_500_000  # `seq` output: 10.9 MB
 
 def worker_of(agent: AgentProcess) -> int:
     return agent.worker_pid()
-
-
-def first_difference(got: bytes, expected: bytes) -> str:
-    n = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
-    if n is None:
-        return f"lengths {len(got)} and {len(expected)}"
-    resumes = expected.find(got[n : n + 64], n)
-    return (
-        f"at byte {n}: got {got[n - 20 : n + 40]!r}, expected {expected[n - 20 : n + 40]!r}; "
-        f"got continues at expected byte {resumes} ({resumes - n} bytes lost); "
-        f"lengths {len(got)} and {len(expected)}"
-    )
 
 
 FLOOD_SERVER = {
