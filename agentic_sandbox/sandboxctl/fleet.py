@@ -123,6 +123,7 @@ async def instance_create(c: AsyncClient, a: argparse.Namespace) -> int:
         "loadout": a.loadout,
         "loadout_version": a.loadout_version,
         "from_snapshot": a.from_snapshot,
+        "from_pool": a.from_pool,
         "network": a.network,
         "allow": a.allow,
         "cpus": a.cpus,
@@ -555,6 +556,22 @@ def register(nouns: Nouns) -> None:
     v.add_argument("--loadout")
     v.add_argument("--loadout-version", type=int, help="a version of the loadout (default: active)")
     v.add_argument("--from-snapshot", help="INSTANCE/SNAPSHOT to restore from")
+    pool = v.add_mutually_exclusive_group()
+    pool.add_argument(
+        "--from-pool",
+        dest="from_pool",
+        action="store_const",
+        const=True,
+        help="take a VM from the matching warm pool (an error when there is none); default: "
+        "the matching pool when there is one, else a cold boot",
+    )
+    pool.add_argument(
+        "--cold",
+        dest="from_pool",
+        action="store_const",
+        const=False,
+        help="boot from the image even when a matching warm pool is ready",
+    )
     v.add_argument("--network", choices=["isolated", "allowlist", "nat"])
     v.add_argument(
         "--allow",

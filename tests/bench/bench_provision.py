@@ -127,7 +127,9 @@ def measure_images(b: Bench) -> None:
 
 def measure_cold(b: Bench) -> None:
     b.made.append(f"{P}cold")
-    b.results["cold"] = summarize([create(b.srv, {"id": f"{P}cold", "image": RECIPE})])
+    b.results["cold"] = summarize(
+        [create(b.srv, {"id": f"{P}cold", "image": RECIPE, "from_pool": False})]
+    )
 
 
 def measure_from_snapshot(b: Bench) -> None:

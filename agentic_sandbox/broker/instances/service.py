@@ -8,6 +8,7 @@ keeps everything, so it can be retried.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -22,7 +23,12 @@ from agentic_sandbox.broker.instances.access import (
     is_host_agent,
     visible_instance,
 )
-from agentic_sandbox.broker.instances.errors import ConflictError, InvalidInput, QuotaExceeded
+from agentic_sandbox.broker.instances.errors import (
+    ConflictError,
+    InstanceError,
+    InvalidInput,
+    QuotaExceeded,
+)
 from agentic_sandbox.broker.instances.images import ImageCatalog
 from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
 from agentic_sandbox.broker.instances.pools import WarmPools, pool_key
@@ -53,7 +59,11 @@ class Action(StrEnum):
 @dataclass(frozen=True)
 class NewInstance:
     """What a create asks for. Exactly one source: `from_snapshot` (INSTANCE/SNAPSHOT, a
-    memory snapshot restored under the new identity), `from_pool`, or else the image."""
+    memory snapshot restored under the new identity), the warm pool, or else the image.
+
+    `from_pool`: True takes from the matching pool (an error when there is none), False boots
+    from the image, None (the default) takes from the matching pool when there is one and
+    the create asks for nothing its members lack (see `_pool_may_serve`), else boots."""
 
     id: str
     image: str | None = None  # an image, or a recipe whose cached build is used; default recipe
@@ -61,7 +71,7 @@ class NewInstance:
     loadout_version: int | None = None  # a version of `loadout`; default: its active one
     loadout_spec: dict[str, object] | None = None  # an inline loadout instead of `loadout`
     from_snapshot: str | None = None
-    from_pool: bool = False
+    from_pool: bool | None = None
     cpus: int | None = None
     memory_mib: int | None = None
     disk_gib: int | None = None
@@ -98,6 +108,20 @@ class _Plan:
     image: BuiltImage | None = None
     state_id: str | None = None
     pool_key: str | None = None
+
+
+def _pool_may_serve(new: NewInstance) -> bool:
+    """Whether a pool member is what this create asks for: a member runs its loadout's stored
+    version with its resources, on the host its pool is on, started."""
+    return (
+        new.loadout_spec is None
+        and new.cpus is None
+        and new.memory_mib is None
+        and new.disk_gib is None
+        and new.host is None
+        and not new.host_labels
+        and new.start
+    )
 
 
 class InstanceService:
@@ -218,7 +242,15 @@ class InstanceService:
         if new.from_snapshot:
             src_id, snap = new.from_snapshot.split("/", 1)
             return _Plan("state", state_id=await self._snapshots.memory_state(who, src_id, snap))
-        if new.from_pool:
+        if new.from_pool is None and _pool_may_serve(new):
+            image = self._images.resolve(new.image)
+            key = pool_key(
+                image.name, loadout.name, new.network or loadout.network, resolved.version
+            )
+            with contextlib.suppress(InstanceError):  # no fleet yet: the cold path says so
+                if await self._pools.exists(key):
+                    return _Plan("pool", pool_key=key)
+        elif new.from_pool:
             image = self._images.resolve(new.image)
             network = new.network or loadout.network
             key = pool_key(image.name, loadout.name, network, resolved.version)

@@ -357,9 +357,11 @@ def test_warm_pool_hand_off(server: ServerProcess, image: dict[str, Any]) -> Non
 
     assert golden() == {"save", "qcow2"}, golden()
     started = time.monotonic()
-    op = provision(server, {"id": pooled, "image": RECIPE, "from_pool": True}, timeout=120)
+    # no from_pool: a create that matches a pool takes from it by default
+    op = provision(server, {"id": pooled, "image": RECIPE}, timeout=120)
     elapsed = time.monotonic() - started
     assert op["state"] == "succeeded", (op.get("error"), op.get("stages"))
+    assert op["result"]["source"] == "pool", op["result"]
     print(f"warm-pool create to agent ready: {elapsed:.1f}s: {op['stages']}")
     ident = guest_identity(server, pooled)
     assert ident["HOST"] == pooled

@@ -192,6 +192,17 @@ async def test_pool_create_list_delete(fleet_server: Running, cli: Sandboxctl) -
             break
         await asyncio.sleep(0.2)
     assert row[2:6] == ["minimal@1", "isolated", "1", "1"], out  # size 1, one VM ready
+    for flags, source in ((["--cold"], "image"), ([], "pool"), (["--from-pool"], "pool")):
+        iid = f"p-{source}-{len(flags) and flags[0].strip('-')}"
+        code, out, err = await cli.run_async(
+            "instance", "create", iid, *flags, "--no-wait", "-o", "json"
+        )
+        assert code == 0, (flags, out, err)
+        async with AsyncClient(r.url, r.admin_token) as c:
+            done = await c.operations.wait(json.loads(out)["id"])
+        assert done.result is not None and done.result["source"] == source, (flags, done)
+    code, out, err = await cli.run_async("instance", "create", "x", "--cold", "--from-pool")
+    assert code == 2 and "not allowed with argument" in err, (out, err)
     code, out, err = await cli.run_async("pool", "delete", key)
     assert code == 0 and out.strip() == f"deleted pool {key}", (out, err)
     code, out, err = await cli.run_async("pool", "list", "-o", "json")

@@ -275,6 +275,30 @@ async def test_a_warm_pool_is_of_one_loadout_version(server: Running) -> None:
     assert status == 202 and op2["subject_id"] != pool["key"], op2
 
 
+async def test_a_create_takes_from_the_matching_pool_unless_it_asks_otherwise(
+    server: Running,
+) -> None:
+    r = server
+    await save(r, "web", WEB_V1)
+    status, op, _ = await r.call(
+        "POST", "/api/v2/admin/pools", json={"image": IMAGE, "loadout": "web", "size": 1}
+    )
+    assert status == 202, op
+    assert (await wait_op(r, op))["state"] == "succeeded"
+    await pool_ready(r, op["subject_id"], 1)
+    web = {"image": IMAGE, "loadout": "web", "wait_ready": False}
+    cases = [
+        ({"id": "d-pool", **web}, "pool"),  # nothing asked for that a member lacks
+        ({"id": "d-cold", **web, "from_pool": False}, "image"),  # told to boot
+        ({"id": "d-cpus", **web, "resources": {"cpus": 2}}, "image"),  # a member has 1
+        ({"id": "d-min", **web, "loadout": "minimal"}, "image"),  # no pool of minimal
+    ]
+    for body, source in cases:
+        op = await create(r, body)
+        assert op["state"] == "succeeded", op
+        assert op["result"]["source"] == source, (body, op["result"])
+
+
 async def test_owners_and_roles(server: Running) -> None:
     r = server
     alice = await r.make_token("alice", "operator")

@@ -47,7 +47,13 @@ class InstanceCreate(Input):
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$",
         description="INSTANCE/SNAPSHOT: restore a memory snapshot under this new identity",
     )
-    from_pool: bool = Field(default=False, description="take a restored VM from the warm pool")
+    from_pool: bool | None = Field(
+        default=None,
+        description="true: take a restored VM from the matching warm pool (image, loadout "
+        "version, network); false: boot from the image; unset: the matching pool when there "
+        "is one and nothing asked for differs from its members (resources, host, labels, an "
+        "inline loadout, start), else the image. The operation's result names the `source`",
+    )
     resources: ResourcesIn = ResourcesIn()
     network: Literal["isolated", "allowlist", "nat"] | None = None
     egress: EgressConfig | None = Field(
