@@ -37,6 +37,7 @@ from agentic_sandbox.sdk.errors import (
 from agentic_sandbox.sdk.files import TransferFailed
 from agentic_sandbox.sdk.models import (
     Agent,
+    AgentBundle,
     ApiKey,
     AuditEntry,
     AuditPage,
@@ -90,6 +91,7 @@ from agentic_sandbox.sdk.tasks import TaskLog
 
 __all__ = [
     "Agent",
+    "AgentBundle",
     "ApiError",
     "ApiKey",
     "AsyncAttachment",

@@ -13,6 +13,7 @@ from agentic_sandbox.sdk.errors import SandboxError
 from agentic_sandbox.sdk.files import AsyncFiles
 from agentic_sandbox.sdk.models import (
     Agent,
+    AgentBundle,
     Console,
     Egress,
     EgressCredential,
@@ -594,8 +595,42 @@ class AsyncLoadouts(Resource):
 
 
 class AsyncAgents(Resource):
+    async def bundles(self) -> list[AgentBundle]:
+        """The bundles a rollout can send: the server's own first, then the uploaded ones."""
+        return await self._t.items(AgentBundle, f"{ADMIN}/agent-bundles")
+
     async def list(self) -> list[Agent]:
         return await self._t.items(Agent, f"{ADMIN}/agents")
 
     async def get(self, instance_id: str) -> Agent:
         return await self._t.model(Agent, "GET", f"{ADMIN}/agents/{instance_id}")
+
+    async def upload_bundle(self, data: bytes) -> AgentBundle:
+        """Upload an agent bundle (a gzipped tar as the server builds it, with its MANIFEST);
+        the same bytes again answer the bundle kept before. Admins only."""
+        return await self._t.model(
+            AgentBundle,
+            "POST",
+            f"{ADMIN}/agent-bundles",
+            data=data,
+            content_type="application/gzip",
+        )
+
+    async def rollout(
+        self,
+        *,
+        bundle: str | None = None,
+        instances: Sequence[str] | None = None,
+        trial_seconds: int | None = None,
+    ) -> Operation:
+        """Roll `bundle` (a digest; default: the server's own agent) out to `instances` (default:
+        every connected agent), one at a time (an operation: follow it with
+        `operations.wait`; its result lists each instance's outcome). Admins only."""
+        body = _drop_none(
+            {
+                "bundle": bundle,
+                "instances": list(instances) if instances is not None else None,
+                "trial_seconds": trial_seconds,
+            }
+        )
+        return await self._t.model(Operation, "POST", f"{ADMIN}/agent-rollouts", json_body=body)

@@ -322,6 +322,18 @@ class Agent(ApiModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 
+class AgentBundle(ApiModel):
+    """An agent bundle the server can roll out: its own (`builtin`) or an uploaded one."""
+
+    __schema__ = "BundleOut"
+    digest: str
+    version: str
+    size: int
+    builtin: bool = False
+    created_by: str = ""
+    created_at: dt.datetime | None = None
+
+
 class Operation(ApiModel):
     """Long-running work (provisioning, clones, image builds, pools) with stages and progress."""
 

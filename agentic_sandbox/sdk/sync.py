@@ -363,6 +363,9 @@ class Loadouts(_Facade[AsyncLoadouts]):
 class Agents(_Facade[AsyncAgents]):
     list = synced(AsyncAgents.list)
     get = synced(AsyncAgents.get)
+    bundles = synced(AsyncAgents.bundles)
+    upload_bundle = synced(AsyncAgents.upload_bundle)
+    rollout = synced(AsyncAgents.rollout)
 
 
 class Sessions(_Facade[AsyncSessions]):

@@ -290,17 +290,20 @@ class Transport:
         params: Mapping[str, Any] | None = None,
         auth: bool = True,
         raw: bool = False,
+        data: bytes | None = None,
+        content_type: str = "application/octet-stream",
     ) -> Any:
         """The decoded JSON answer (None for 204), bytes for other content (or with `raw`);
         raises the `ApiError` subclass of a refusal, `ConnectionFailed` when the server is
-        unreachable."""
+        unreachable. `data` is a raw body (of `content_type`) instead of `json_body`."""
+        headers = self.headers() if auth else {}
+        sent: dict[str, Any] = {"json": json_body}
+        if data is not None:
+            headers = {**headers, "Content-Type": content_type}
+            sent = {"data": data}
         try:
             async with self._open(
-                method,
-                path,
-                json=json_body,
-                params=clean_params(params),
-                headers=self.headers() if auth else {},
+                method, path, **sent, params=clean_params(params), headers=headers
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:

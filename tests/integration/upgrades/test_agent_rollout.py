@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentic_sandbox.provision.bundle import MANIFEST, build_bundle, pack_bundle
+from agentic_sandbox.sdk import AsyncClient, NotFound, ValidationFailed
 from tests.support.agents import AgentProcess
 from tests.support.fixtures import AgentFactory, ServerFactory
 from tests.support.ptyclient import PtyClient
@@ -168,3 +169,28 @@ def test_what_a_rollout_cannot_do_is_named(
     assert status == 404 and "no-such-instance" in problem["detail"], problem
     status, problem = server.api("POST", "/api/v2/admin/agent-rollouts", {"trial_seconds": 1})
     assert status == 422 and problem["errors"][0]["field"] == "body.trial_seconds", problem
+
+
+async def test_the_sdk_uploads_lists_and_rolls_out(
+    server_factory: ServerFactory, agent_factory: AgentFactory
+) -> None:
+    server = server_factory()
+    agent = agent_factory(server)
+    async with AsyncClient(server.url, server.admin_token) as c:
+        up = await c.agents.upload_bundle(repack("7.7.7+sdk"))
+        assert (up.version, up.builtin, up.created_by) == ("7.7.7+sdk", False, "token:admin")
+        assert (await c.agents.upload_bundle(repack("7.7.7+sdk"))).digest == up.digest
+        digests = [b.digest for b in await c.agents.bundles()]
+        assert digests[1:] == [up.digest] and len(digests[0]) == 64  # the server's own first
+        op = await c.operations.wait(
+            await c.agents.rollout(bundle=up.digest, instances=[agent.instance_id]),
+            timeout=120,
+        )
+        assert op.state == "succeeded" and op.result is not None, op
+        assert op.result["instances"][0]["state"] == "upgraded", op.result
+        assert (await c.agents.get(agent.instance_id)).agent_version == "7.7.7+sdk"
+        with pytest.raises(ValidationFailed) as bad:
+            await c.agents.upload_bundle(b"not a bundle")
+        assert list(bad.value.fields) == ["body"], bad.value
+        with pytest.raises(NotFound):
+            await c.agents.rollout(bundle="f" * 64)
