@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import sys
 
-from agentic_sandbox.sandboxctl import admin, fleet, sessions
+from agentic_sandbox.sandboxctl import admin, agents, fleet, sessions
 from agentic_sandbox.sandboxctl.exits import EXIT_OK, EXIT_USAGE, CliError, exit_code
 from agentic_sandbox.sandboxctl.output import emit, err
 from agentic_sandbox.sandboxctl.parsing import Nouns, add_global_options, defaults
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.register(nouns)
     sessions.register(nouns)
     admin.register(nouns)
+    agents.register(nouns)
 
     g = nouns.noun("completion", "shell completion")
     for shell in ("bash", "zsh"):

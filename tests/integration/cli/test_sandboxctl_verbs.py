@@ -22,6 +22,7 @@ from tests.support.agents import AgentProcess
 from tests.support.cli import Sandboxctl
 from tests.support.fixtures import AgentFactory
 from tests.support.server import ServerProcess, free_port
+from tests.support.upgrades import repack
 
 
 def all_verbs() -> set[str]:
@@ -229,6 +230,8 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
     pushed.write_text("pushed through the agent link\n")
     done_task = sdk.tasks.send(iid, "echo done")
     sdk.tasks.wait(done_task.id, timeout=60)
+    bundle = tmp_path / "agent-bundle.tar.gz"
+    bundle.write_bytes(repack("0.0.1+cli"))
     return [
         Case("whoami", lambda: [], process=True),
         Case("config get-contexts", lambda: []),
@@ -288,6 +291,16 @@ def non_fleet_cases(sdk: Client, agent: AgentProcess, tmp_path: Path) -> list[Ca
         Case("agentcard get", lambda: [iid]),
         Case("agentcard verify", lambda: [iid]),
         Case("operation list", lambda: []),
+        Case("agent list", lambda: []),
+        Case("agent bundles", lambda: []),
+        Case("agent upload-bundle", lambda: [str(bundle)]),
+        # the server's own bundle: the first run upgrades the agent, the second skips it
+        Case(
+            "agent rollout",
+            lambda: ["--instance", iid, "--trial-seconds", "60"],
+            False,
+            lambda out: "agent-rollout" in out and "succeeded" in out,
+        ),
     ]
 
 
@@ -326,6 +339,10 @@ NON_FLEET_VERBS = {
     "agentcard get",
     "agentcard verify",
     "operation list",
+    "agent list",
+    "agent bundles",
+    "agent upload-bundle",
+    "agent rollout",
 }
 
 
