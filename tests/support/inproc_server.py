@@ -5,7 +5,6 @@ The `running` fixture is registered for every tier by `tests/conftest.py`."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,7 @@ from agentic_sandbox.broker.app import Component
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.server import Server
 from agentic_sandbox.broker.services import Services
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.server import free_port
 
 
 @dataclass

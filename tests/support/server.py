@@ -29,10 +29,21 @@ from tests.support.lifetime import die_with_parent
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, and never one this process handed out before: servers whose
+    ports are all chosen before any of them binds could otherwise get the same one twice (a
+    follower's enroll port was the other node's HTTP port)."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise RuntimeError("no loopback port left that this process has not handed out")
 
 
 class ServerProcess:

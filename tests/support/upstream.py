@@ -119,12 +119,3 @@ class Upstream:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -24,7 +24,7 @@ from agentic_sandbox.broker.agentlink.ca import CertificateAuthority
 from agentic_sandbox.broker.agentlink.enrollment import Enrollment
 from agentic_sandbox.broker.agentlink.gateway import GatewayBindError, LinkGateway, Upstreams
 from agentic_sandbox.broker.agentlink.link import LinkHandler
-from agentic_sandbox.broker.agentlink.redirect import FollowerLink
+from agentic_sandbox.broker.agentlink.redirect import FollowerLink, release_ports
 from agentic_sandbox.broker.agentlink.registry import AgentRegistry
 from agentic_sandbox.broker.agentlink.service import AgentLinkService
 from agentic_sandbox.broker.cluster import Leadership
@@ -175,7 +175,11 @@ class AgentLinkComponent:
         await self.registry.start()
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_AgentLinkServicer_to_server(self.service, server)
-        self.ports = self.bind(server)
+        try:
+            self.ports = self.bind(server)
+        except Exception:
+            await release_ports(server)
+            raise
         await server.start()
         self._server = server
         self.gateway = LinkGateway(

@@ -15,6 +15,7 @@ addresses.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,18 @@ from agentic_sandbox.proto import agent_pb2 as pb
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentLink"]
+
+
+async def release_ports(server: grpc.aio.Server) -> None:
+    """Let go of the ports a server that never started has bound: `add_*_port` binds at once,
+    and only a started server's stop closes its sockets (not a stop before the start, not the
+    garbage collector). A bind that failed half-way would otherwise keep the other port until
+    the process ends (a follower elected later could not listen on it)."""
+    with contextlib.suppress(Exception):
+        await server.start()
+    await server.stop(grace=None)
+
+
 Bind = Callable[[grpc.aio.Server], dict[str, int]]  # binds the agent-link listeners
 
 
@@ -86,7 +99,11 @@ class FollowerLink:
     async def start(self, bind: Bind) -> None:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([_Refusals(self._cluster)])
-        ports = bind(server)
+        try:
+            ports = bind(server)
+        except Exception:
+            await release_ports(server)  # else the port bound first stays the leader's loss
+            raise
         await server.start()
         self._server = server
         log.info("agent-link listeners refer agents to the leader", extra={"ports": ports})

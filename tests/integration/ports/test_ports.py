@@ -28,9 +28,9 @@ from tests.support.agents import AgentProcess
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
 from tests.support.polling import until, wait_until
 from tests.support.ptyclient import PtyClient
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, free_port
 from tests.support.sessions import create_session, events
-from tests.support.upstream import Upstream, free_port
+from tests.support.upstream import Upstream
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1024 * 1024
