@@ -58,7 +58,7 @@ EXIT_RESTART = 75  # the worker asks to be started again (an upgrade, a planned 
 MAX_MESSAGE = 64 * 1024
 PR_SET_CHILD_SUBREAPER = 36
 RESTART_BACKOFF = (0.1, 5.0)  # a worker that keeps failing at once is restarted slower
-PROBLEM_ENV = "AGENTIC_SANDBOX_BUNDLE_PROBLEM"  # (upgrade.PROBLEM_ENV: the keeper imports none)
+PROBLEM_ENV = "AGENTIC_SANDBOX_BUNDLE_PROBLEM"  # why a bundle was given up, for the next worker
 HANDOVER_GRACE = 10.0  # a worker asked to hand over on a failed trial, then killed
 CURRENT_GIVE_UP = 3  # quick failures in a row of the current bundle's worker, then the installed
 
@@ -101,7 +101,12 @@ def _bundle_dir(bundles: Path | None, digest: str) -> Path | None:
     if bundles is None or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
         return None
     path = bundles / digest
-    return path if (path / "agentic_sandbox" / "agent" / "main.py").is_file() else None
+    return path if holds_agent(path) else None
+
+
+def holds_agent(root: Path) -> bool:
+    """Whether `root` is an unpacked bundle: the agent's entry point is there."""
+    return (root / "agentic_sandbox" / "agent" / "main.py").is_file()
 
 
 @dataclass

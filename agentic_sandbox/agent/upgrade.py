@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from agentic_sandbox.agent import tarstream
+from agentic_sandbox.agent.keeper import PROBLEM_ENV, holds_agent
 from agentic_sandbox.agent.paths import FileRefused
 from agentic_sandbox.agent.streams import Inert, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
@@ -56,7 +57,6 @@ DEFAULT_TRIAL = 120
 MAX_TRIAL = 3600
 WINDOW = 1024 * 1024
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-PROBLEM_ENV = "AGENTIC_SANDBOX_BUNDLE_PROBLEM"  # set by the keeper after a roll-back
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,6 @@ def running() -> Running:
 def bundle_problem() -> str:
     """Why the keeper rolled the last bundle back ("" when it did not)."""
     return os.environ.pop(PROBLEM_ENV, "")[:512]
-
-
-def holds_agent(root: Path) -> bool:
-    return (root / "agentic_sandbox" / "agent" / "main.py").is_file()
 
 
 def _unpack(archive: Path, bundles: Path, digest: str) -> None:
