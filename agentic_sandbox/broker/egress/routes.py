@@ -27,7 +27,7 @@ from agentic_sandbox.broker.egress.service import EgressService, config_of
 from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
 from agentic_sandbox.broker.http.schemas import Input, Output
-from agentic_sandbox.broker.instances import instance_to_change, instance_to_see
+from agentic_sandbox.broker.instances import InstanceView, instance_to_change, instance_to_see
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.provision.egress_rules import (
@@ -74,7 +74,7 @@ class EgressIn(Input):
     )
 
 
-def _out(row: m.Instance, network: str, config: EgressConfig) -> EgressOut:
+def _out(row: InstanceView, network: str, config: EgressConfig) -> EgressOut:
     return EgressOut(
         instance_id=row.id,
         incarnation=row.incarnation,

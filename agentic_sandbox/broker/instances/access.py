@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from typing import Any
+
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.errors import FleetUnavailable, ForbiddenError, NotFoundError
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store.rowcache import RowCache
 from agentic_sandbox.fleet import Fleet
 
 HOST_AGENT = "host-agent"  # an instance that is an agent on the host: a record, no VM
@@ -39,7 +44,62 @@ async def visible_instance(db: Database, who: Principal, instance_id: str) -> m.
     return row
 
 
-def require_owner_or_admin(who: Principal, row: m.Instance) -> None:
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """What the routes across the agent link (exec, files, ports, egress) read of a live
+    instance: a read-only copy, which may come from memory (`store/rowcache.py`)."""
+
+    id: str
+    owner: str
+    incarnation: str
+    loadout: str | None
+    network_policy: str
+    _spec: str  # JSON: every reader gets its own copy
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self._spec)
+        return out
+
+
+def _views(db: Database) -> RowCache[InstanceView]:
+    cache = db.row_caches.get(m.Instance.__tablename__)
+    if cache is None:
+
+        async def load(instance_id: str) -> InstanceView | None:
+            async with db.session() as s:
+                row = await s.get(m.Instance, instance_id)
+            if row is None or row.deleted_at is not None:
+                return None
+            return InstanceView(
+                id=row.id,
+                owner=row.owner,
+                incarnation=row.incarnation,
+                loadout=row.loadout,
+                network_policy=row.network_policy,
+                _spec=json.dumps(row.spec or {}),
+            )
+
+        cache = db.row_caches[m.Instance.__tablename__] = RowCache(
+            db, m.Instance.__tablename__, load
+        )
+    return cache  # type: ignore[return-value]  # one cache per table, made here
+
+
+async def instance_view(
+    db: Database, who: Principal, instance_id: str, *, change: bool
+) -> InstanceView:
+    """The live instance as `visible_instance` (or, with `change`, `changeable_instance`)
+    finds it, with the same errors, as a read-only view."""
+    view = await _views(db).get(instance_id)
+    if view is None or not who.can_see(view.owner):
+        raise NotFoundError("instance", instance_id)
+    if change:
+        require_owner_or_admin(who, view)
+    return view
+
+
+def require_owner_or_admin(who: Principal, row: m.Instance | InstanceView) -> None:
     if not (who.is_admin or row.owner == who.subject):
         raise ForbiddenError("only the owner or an admin may change this instance")
 

@@ -36,6 +36,7 @@ from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
+from agentic_sandbox.broker.store.rowcache import TableWrites
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,12 @@ class Database:
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        # What this process wrote, per table: read-only views (`rowcache.py`) are served from
+        # memory only where this process is the one writer (SQLite: one server per data dir)
+        self.writes: TableWrites | None = None
         if self.dialect == "sqlite":
             event.listen(self.engine.sync_engine, "connect", _sqlite_connected)
+            self.writes = TableWrites(self.engine.sync_engine)
         self.sessions = async_sessionmaker(
             self.engine, expire_on_commit=False, sync_session_class=_Session
         )
@@ -154,6 +159,8 @@ class Database:
         self.fence: int | None = None
         # Called once per fenced write (the server steps down on the first).
         self.on_fenced: Callable[[Fenced], None] | None = None
+        # Read-only views of rows by table (`rowcache.py`), made by their users.
+        self.row_caches: dict[str, object] = {}
 
     async def _check_fence(self, conn: AsyncConnection | AsyncSession) -> None:
         mine = self.fence

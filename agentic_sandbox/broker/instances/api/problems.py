@@ -22,7 +22,7 @@ from agentic_sandbox.broker.http.problems import (
     too_many,
 )
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, Handler
-from agentic_sandbox.broker.instances.access import changeable_instance, visible_instance
+from agentic_sandbox.broker.instances.access import InstanceView, instance_view
 from agentic_sandbox.broker.instances.errors import (
     ConflictError,
     FleetUnavailable,
@@ -33,7 +33,6 @@ from agentic_sandbox.broker.instances.errors import (
     QuotaExceeded,
 )
 from agentic_sandbox.broker.store import Database
-from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import (
     Conflict,
     FleetError,
@@ -81,19 +80,20 @@ def instance_problem(exc: InstanceError) -> ProblemError:
     raise TypeError(f"no problem for {type(exc).__name__}")  # a new error kind needs a mapping
 
 
-async def instance_to_change(db: Database, who: Principal, instance_id: str) -> m.Instance:
-    """`changeable_instance` for routes outside the fleet's own (exec): its errors as
-    problems."""
+async def instance_to_change(db: Database, who: Principal, instance_id: str) -> InstanceView:
+    """The instance if the caller may change it, for routes outside the fleet's own (exec,
+    files, ports, egress): a read-only view, its errors as problems."""
     try:
-        return await changeable_instance(db, who, instance_id)
+        return await instance_view(db, who, instance_id, change=True)
     except InstanceError as exc:
         raise instance_problem(exc) from None
 
 
-async def instance_to_see(db: Database, who: Principal, instance_id: str) -> m.Instance:
-    """`visible_instance` for routes outside the fleet's own (files, egress), as problems."""
+async def instance_to_see(db: Database, who: Principal, instance_id: str) -> InstanceView:
+    """The instance if the caller may see it (files, egress): a read-only view, its errors as
+    problems."""
     try:
-        return await visible_instance(db, who, instance_id)
+        return await instance_view(db, who, instance_id, change=False)
     except InstanceError as exc:
         raise instance_problem(exc) from None
 
