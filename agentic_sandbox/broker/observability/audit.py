@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
 from agentic_sandbox.broker.store import Database
@@ -135,21 +135,25 @@ class AuditLog:
 
     async def _write(self, batch: list[AuditRecord]) -> None:
         async with self._db.session() as s:
-            s.add_all(
-                m.AuditEntry(
-                    time=r.time,
-                    actor=r.actor,
-                    action=r.action,
-                    subject_type=r.subject_type,
-                    subject_id=r.subject_id,
-                    outcome=r.outcome,
-                    cause=r.cause,
-                    from_state=r.from_state,
-                    to_state=r.to_state,
-                    correlation_id=r.correlation_id,
-                    detail=r.detail,
-                )
-                for r in batch
+            # a bulk insert, not the unit of work: no ORM object per entry
+            await s.execute(
+                insert(m.AuditEntry),
+                [
+                    {
+                        "time": r.time,
+                        "actor": r.actor,
+                        "action": r.action,
+                        "subject_type": r.subject_type,
+                        "subject_id": r.subject_id,
+                        "outcome": r.outcome,
+                        "cause": r.cause,
+                        "from_state": r.from_state,
+                        "to_state": r.to_state,
+                        "correlation_id": r.correlation_id,
+                        "detail": r.detail,
+                    }
+                    for r in batch
+                ],
             )
 
     async def close(self) -> None:
