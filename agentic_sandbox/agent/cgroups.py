@@ -29,6 +29,11 @@ moves itself into a leaf `<own>/agent` (PTY sessions start there too), enables t
 in `<own>` and in `<own>/runs`, and puts each run in `<own>/runs/<pid>-<name>`.
 **cgroup v1**: each controller's hierarchy is used directly: `<mount><own>/agentic-sandbox/
 <pid>-<name>` for memory, pids, cpu, cpuacct and freezer (whichever are mounted).
+**Spares**: an exec takes a run cgroup the agent made empty ahead (`<pid>-spare-<n>`,
+`SPARES` of them, made after a run has answered) instead of making its own while the caller
+waits (one mkdir per v1 hierarchy: half a millisecond on a host); a session keeps a cgroup of
+its own name, which a new worker finds again. Spares are removed at the agent's exit and at a
+hand-over (a dead agent's are swept by pid with the rest).
 Without root, or without a usable hierarchy, budgets that need a controller are refused with
 the reason (`problem`) rather than pretended; timeout and output bytes still work, and usage
 falls back to the exit status's rusage. `enforcement` says which case a run was in.
@@ -59,6 +64,9 @@ CPU_PERIOD_US = 100_000
 PIDS_POLL_V1 = 0.1
 REMOVE_TRIES = 100
 REMOVE_RETRY = 0.05
+#: empty run cgroups made ahead for execs (a v1 run's dirs are one mkdir per hierarchy; made
+#: after a run has answered, not while the next one waits)
+SPARES = 2
 #: the budgets each controller enforces (timeout and output bytes need none)
 NEEDS = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
 
@@ -81,10 +89,21 @@ class Usage:
 
 
 def _read(path: Path) -> str:
+    """A cgroup file's text ("" if it cannot be read): one open and read, no buffered file
+    (half the time of `read_text`; a run's end reads several)."""
     try:
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        parts = [os.read(fd, 1 << 16)]
+        while parts[-1]:  # a long list (a fork bomb's pids) takes several reads
+            parts.append(os.read(fd, 1 << 16))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return b"".join(parts).decode(errors="replace")
 
 
 def _write(path: Path, value: str) -> None:
@@ -253,9 +272,10 @@ class RunCgroup:
             refused = _keyed(_read(pids / "pids.events"), "max")
         return oom, refused
 
-    def exceeded(self) -> str:
-        """The budget the kernel enforced in this run, if any ("memory", "pids" or "")."""
-        oom, refused = self.counters()
+    def exceeded(self, usage: Usage | None = None) -> str:
+        """The budget the kernel enforced in this run, if any ("memory", "pids" or ""), from
+        `usage` when it was just read."""
+        oom, refused = self.counters() if usage is None else (usage.oom_kills, usage.pids_refused)
         if oom and self.budget.memory_bytes:
             return "memory"
         if refused and self.budget.pids:
@@ -429,6 +449,8 @@ class Cgroups:
     bases: dict[str, Path] = field(default_factory=dict)  # v1: per controller; v2: {"": dir}
     controllers: frozenset[str] = frozenset()
     problem: str = ""
+    _spares: list[dict[str, Path]] = field(default_factory=list)
+    _spare_seq: int = 0
 
     @property
     def enforcement(self) -> str:
@@ -457,15 +479,37 @@ class Cgroups:
                 why = self.problem or f"the {NEEDS[name]} controller is not available"
                 raise BudgetRefused(f"budget.{name}", f"cannot enforce a {name} budget: {why}")
 
-    def create(self, name: str, budget: pb.Budget) -> RunCgroup | None:
-        """A run's cgroup with its limits, or None when this agent has no cgroups."""
+    def create(self, name: str, budget: pb.Budget, *, spare: bool = False) -> RunCgroup | None:
+        """A run's cgroup with its limits, or None when this agent has no cgroups. With
+        `spare`, one made ahead (`refill`) when there is one: its name is not `name` then
+        (only sessions are found again by name)."""
         self.check(budget)
         if not self.version:
             return None
-        leaf = f"{os.getpid()}-{name}"
+        if spare and self._spares:
+            run = RunCgroup(self.version, self._spares.pop(), budget)
+            try:
+                run.apply()
+            except OSError as exc:
+                run.remove()
+                raise BudgetRefused("budget", f"cannot set up the run's cgroup: {exc}") from None
+            return run
+        try:
+            dirs = self._make(f"{os.getpid()}-{name}")
+        except OSError as exc:
+            raise BudgetRefused("budget", f"cannot set up the run's cgroup: {exc}") from None
+        run = RunCgroup(self.version, dirs, budget)
+        try:
+            run.apply()
+        except OSError as exc:
+            run.remove()
+            raise BudgetRefused("budget", f"cannot set up the run's cgroup: {exc}") from None
+        return run
+
+    def _make(self, leaf: str) -> dict[str, Path]:
+        """The empty dirs of a run named `leaf` (none left behind if one cannot be made)."""
         dirs = {key: base / leaf for key, base in self.bases.items()}
         made: list[Path] = []
-        run = RunCgroup(self.version, dirs, budget)
         try:
             for d in dirs.values():
                 for _ in range(3):  # another agent may remove an empty v1 base as it exits
@@ -478,14 +522,28 @@ class Cgroups:
                 else:
                     d.mkdir()
                 made.append(d)
-            run.apply()
-        except OSError as exc:
+        except OSError:
             for d in made:
                 with contextlib.suppress(OSError):
                     d.rmdir()
-            field_name = "budget"
-            raise BudgetRefused(field_name, f"cannot set up the run's cgroup: {exc}") from None
-        return run
+            raise
+        return dirs
+
+    def refill(self) -> None:
+        """Make spare run cgroups up to `SPARES` (a failure only means the next run makes its
+        own, and says why if it cannot)."""
+        while self.version and len(self._spares) < SPARES:
+            self._spare_seq += 1
+            try:
+                self._spares.append(self._make(f"{os.getpid()}-spare-{self._spare_seq}"))
+            except OSError as exc:
+                log.debug("cannot make a spare run cgroup: %s", exc)
+                return
+
+    def drop_spares(self) -> None:
+        for dirs in self._spares:
+            RunCgroup(self.version, dirs, pb.Budget()).remove()
+        self._spares.clear()
 
     def sweep(self, keep: frozenset[str] = frozenset()) -> None:
         """End what runs of agents that are gone (a kill -9) left behind, and remove their
@@ -507,7 +565,9 @@ class Cgroups:
             run.remove()
 
     def release(self) -> None:
-        """At exit: remove the shared v1 base cgroups if no other agent uses them."""
+        """At exit: remove the spares, and the shared v1 base cgroups if no other agent uses
+        them."""
+        self.drop_spares()
         if self.version != 1:
             return
         for base in self.bases.values():

@@ -249,6 +249,7 @@ class ExecRun:
         self._detached = False  # the link is gone: nothing is sent
         self._pidfd: int | None = None
         self._timers: list[asyncio.TimerHandle] = []
+        self._cgroups: Cgroups | None = None  # the agent's, to make the next run's spare
         for ch, pipe in ((STDOUT, proc.stdout), (STDERR, proc.stderr)):
             assert pipe is not None
             fd = pipe.fileno()
@@ -304,7 +305,7 @@ class ExecRun:
             env.update(agent_egress.proxy_env(ctx.egress_listen, spec.egress_token))
         env.update(spec.env)
         try:
-            cg = ctx.cgroups.create(f"exec-{stream.id}", spec.budget)
+            cg = ctx.cgroups.create(f"exec-{stream.id}", spec.budget, spare=True)
         except BudgetRefused as exc:
             raise StreamRefused("budget-unsupported", exc.message, exc.field) from None
         groups = os.getgrouplist(user.pw_name, user.pw_gid) if switch else []
@@ -337,6 +338,7 @@ class ExecRun:
                 cg.remove()
             raise StreamRefused("internal", f"cannot start {argv[0]!r}: {exc}") from None
         run = cls(stream, spec, proc, cg)
+        run._cgroups = ctx.cgroups
         log.info(
             "exec %d started (pid %d, %s)",
             stream.id,
@@ -548,12 +550,15 @@ class ExecRun:
             t.cancel()
         usage = self.cgroup.usage() if self.cgroup is not None else Usage()
         if not self.reason and self.cgroup is not None:
-            self.reason = self.cgroup.exceeded()
+            self.reason = self.cgroup.exceeded(usage)
         result = self._result(usage)
         if not self._detached:
             self.stream.finish(pb.StreamClose(exec=result))
-        if self.cgroup is not None:  # after the answer is queued: nothing waits on it
-            self.cgroup.remove(self._loop)
+        if self.cgroup is not None:
+            # after the answer has gone (the link's sender runs first): nothing waits on it
+            self._loop.call_soon(self.cgroup.remove, self._loop)
+            if self._cgroups is not None:
+                self._loop.call_soon(self._cgroups.refill)
         log.info(
             "exec %d finished: %s",
             self.stream.id,

@@ -552,6 +552,7 @@ class AgentRuntime:
         )
         # before any session starts: on cgroup v2 the agent moves into a leaf of its own cgroup
         self.cgroups = cgroups.detect(keep=keep, keeper=os.getppid() if self.keeper else 0)
+        self.cgroups.refill()
         self._adopt(adopted)
         log.info(
             "run budgets: %s (%s)%s",
@@ -627,6 +628,7 @@ class AgentRuntime:
                 log.info("handing %d sessions to the keeper", len(self.sessions))
                 for sess in self.sessions.values():
                     sess.hand_over()
+                self.cgroups.drop_spares()  # named for this worker: the next makes its own
             else:
                 for sess in self.sessions.values():
                     sess.shutdown()

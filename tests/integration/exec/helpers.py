@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentic_sandbox.agent.cgroups import SPARES
 from tests.support.polling import wait_until
 from tests.support.server import ServerProcess
 
@@ -62,6 +63,11 @@ def processes_with(marker: str) -> list[str]:
 
 
 def run_cgroups_of(agent_pid: int) -> list[Path]:
+    """The agent's run cgroups that are not spares it keeps ready (`agent/cgroups.py`)."""
+    return [p for p in agent_cgroups_of(agent_pid) if "-spare-" not in p.name]
+
+
+def agent_cgroups_of(agent_pid: int) -> list[Path]:
     found: list[Path] = []
     for base in CGROUP_BASES:
         if base.is_dir():
@@ -69,7 +75,19 @@ def run_cgroups_of(agent_pid: int) -> list[Path]:
     return found
 
 
+def _cleaned(agent_pid: int) -> bool:
+    """Every cgroup of the agent's runs is gone: what is left are empty spares, at most
+    `SPARES` of them (a run may have used a spare: its name says nothing of the run)."""
+    left = agent_cgroups_of(agent_pid)
+    spares = {p.name for p in left}
+    return (
+        not run_cgroups_of(agent_pid)
+        and len(spares) <= SPARES
+        and not any((p / "cgroup.procs").read_text().strip() for p in left)
+    )
+
+
 def assert_cleaned_up(marker: str, agent_pid: int) -> None:
     """No process of the run is left, and its cgroups are gone."""
     wait_until(lambda: not processes_with(marker), f"processes matching {marker!r} gone")
-    wait_until(lambda: not run_cgroups_of(agent_pid), "the run's cgroups removed")
+    wait_until(lambda: _cleaned(agent_pid), "the run's cgroups removed")

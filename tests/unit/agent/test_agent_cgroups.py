@@ -80,3 +80,43 @@ def test_no_hierarchy_refuses_budgets_by_name(tmp_path: Path) -> None:
     with pytest.raises(cgroups.BudgetRefused) as info:
         found.create("x", pb.Budget(memory_bytes=1 << 20))
     assert info.value.field == "budget.memory" and "memory" in info.value.message
+
+
+def test_exec_runs_take_cgroups_made_ahead_and_none_outlive_the_agent(tmp_path: Path) -> None:
+    """Spares: the empty dirs of a run made after a run has answered (`refill`), taken by the
+    next exec instead of one mkdir per hierarchy while it waits; gone with the agent."""
+    root = tmp_path / "cg"
+    for c in ("memory", "pids"):
+        (root / c).mkdir(parents=True)
+    proc = fake_proc(
+        tmp_path,
+        "8:pids:/\n4:memory:/\n",
+        [("cgroup", str(root / "memory"), "memory"), ("cgroup", str(root / "pids"), "pids")],
+    )
+    found = cgroups.detect(proc)
+
+    def names(c: str) -> set[str]:
+        return {p.name for p in (root / c / "agentic-sandbox").iterdir()}
+
+    found.refill()
+    me = os.getpid()
+    spares = {f"{me}-spare-1", f"{me}-spare-2"}
+    assert names("memory") == names("pids") == spares
+    run = found.create("exec-7", pb.Budget(), spare=True)
+    assert run is not None and {d.name for d in run.dirs.values()} <= spares
+    assert len({d.name for d in run.dirs.values()}) == 1  # one run: the same leaf everywhere
+    session = found.create("session-s1", pb.Budget())  # a session keeps its name (adopted by it)
+    assert session is not None and session.dirs["pids"].name == f"{me}-session-s1"
+    run.remove()
+    session.remove()
+    assert len(names("pids")) == 1  # one spare left
+    found.refill()
+    assert len(names("pids")) == cgroups.SPARES
+    found.release()  # the agent's exit: no spare is left behind
+    assert not (root / "pids" / "agentic-sandbox").exists() or not names("pids")
+    # a refill that cannot make its dirs only means the next run makes its own (or says why)
+    (root / "pids").rename(tmp_path / "gone")
+    found.refill()
+    assert found._spares == []
+    with pytest.raises(cgroups.BudgetRefused):
+        found.create("exec-8", pb.Budget(), spare=True)
