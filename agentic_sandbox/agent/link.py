@@ -25,6 +25,7 @@ from agentic_sandbox.agent.channels import open_channel
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
+from agentic_sandbox.proto import BATCH_BYTES, BATCH_MESSAGES
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
@@ -60,6 +61,7 @@ class Link:
         self.channel: grpc.aio.Channel | None = None
         self.call: Any = None
         self.up = False
+        self.batches = False  # the server takes batches (its RegisterAck said so)
 
     def silence_limit(self) -> float:
         """A link that says nothing for this long is dead (the server acks every heartbeat)."""
@@ -84,6 +86,7 @@ class Link:
                 first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("body") != "register_ack":
                 raise ConnectionError("the server did not acknowledge the registration")
+            self.batches = first.register_ack.batches
             self.owner.on_registered(first.register_ack)
             self.up = True
             if on_up is not None:
@@ -102,7 +105,10 @@ class Link:
                         silence.reschedule(loop.time() + limit)
                         if msg is grpc.aio.EOF:
                             return
-                        self.owner.handle(msg)
+                        if msg.WhichOneof("body") == "batch":
+                            self._handle_batch(msg.batch)
+                        else:
+                            self.owner.handle(msg)
                         for t in tasks:
                             if t.done() and not t.cancelled():
                                 t.result()  # surface a failed sender
@@ -119,14 +125,23 @@ class Link:
             self.channel = None
             await channel.close()
 
+    def _handle_batch(self, batch: pb.ServerBatch) -> None:
+        if not self.batches:
+            raise ConnectionError("the server sent a batch, which this link did not agree to")
+        for msg in batch.messages:
+            if msg.WhichOneof("body") == "batch":
+                raise ConnectionError("the server sent a batch inside a batch")
+            self.owner.handle(msg)
+
     async def _sender(self, call: Any) -> None:
         loop = asyncio.get_running_loop()
         wake = self.owner.wake_event
         while True:
             wake.clear()
-            msg, wait = self.owner.next_message(loop.time())
+            now = loop.time()
+            msg, wait = self.owner.next_message(now)
             if msg is not None:
-                await call.write(msg)
+                await call.write(self._gather(msg, now) if self.batches else msg)
                 continue
             if wait is not None:
                 timer = loop.call_later(wait, wake.set)
@@ -136,6 +151,26 @@ class Link:
                     timer.cancel()
             else:
                 await wake.wait()
+            if self.batches:
+                # once more round the loop first: callbacks already due (an exec's exit after
+                # its last output) queue theirs, and the burst goes in one write
+                await asyncio.sleep(0)
+
+    def _gather(self, first: pb.AgentMessage, now: float) -> pb.AgentMessage:
+        """`first` and what else is ready, as one batch when there is more (`proto`'s bounds)."""
+        size = first.ByteSize()
+        if size >= BATCH_BYTES:
+            return first
+        more: list[pb.AgentMessage] = []
+        while size < BATCH_BYTES and len(more) < BATCH_MESSAGES - 1:
+            msg, _ = self.owner.next_message(now)
+            if msg is None:
+                break
+            more.append(msg)
+            size += msg.ByteSize()
+        if not more:
+            return first
+        return pb.AgentMessage(batch=pb.AgentBatch(messages=[first, *more]))
 
     async def _heartbeats(self) -> None:
         while True:

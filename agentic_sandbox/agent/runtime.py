@@ -341,6 +341,7 @@ class AgentRuntime:
             stream_kinds=self.streams.kinds,
             budgets=self.cgroups.support(),
             protocol=PROTOCOL,
+            batches=True,
         )
 
     def on_registered(self, ack: pb.RegisterAck) -> None:

@@ -7,6 +7,11 @@ side. A server speaks `PROTOCOLS` (oldest, newest) and refuses an agent outside 
 mismatch in its log and the server in the agent's state (`incompatible`), and the agent keeps
 retrying at its longest backoff (an upgraded server or agent ends it) — never a crash loop.
 
+`BATCH_BYTES` and `BATCH_MESSAGES` bound a batch (`AgentBatch`, `ServerBatch`): a sender adds
+ready messages to one write until it holds `BATCH_MESSAGES` or at least `BATCH_BYTES` (so a
+batch is at most that plus one message, well under the link's 4 MiB message limit). Both sides
+say they take batches (`Register.batches`, `RegisterAck.batches`); neither sends one otherwise.
+
 `LEADER_METADATA` is the trailing-metadata key of a follower's answer (several control hosts,
 one leads): a follower refuses `Enroll`, `Renew` and `Connect` with `UNAVAILABLE` and names the
 leader as `"<node> <agent-link address>"` under this key, so an agent dials the leader next.
@@ -17,6 +22,9 @@ LEADER_METADATA = "sandbox-leader"
 PROTOCOL = 1
 PROTOCOLS = (1, 1)  # what a server speaks: (oldest, newest)
 PROTOCOL_METADATA = "sandbox-protocol"
+
+BATCH_BYTES = 256 * 1024
+BATCH_MESSAGES = 64
 
 
 def protocol_of(sent: int) -> int:

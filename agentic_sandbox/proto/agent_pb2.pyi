@@ -197,6 +197,7 @@ class AgentMessage(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     EXIT_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -209,6 +210,10 @@ class AgentMessage(_message.Message):
     def exit(self) -> Global___SessionExit: ...
     @_builtins.property
     def stream(self) -> Global___StreamFrame: ...
+    @_builtins.property
+    def batch(self) -> Global___AgentBatch:
+        """only to a server that said `RegisterAck.batches`"""
+
     def __init__(
         self,
         *,
@@ -218,16 +223,43 @@ class AgentMessage(_message.Message):
         output: Global___SessionOutput | None = ...,
         exit: Global___SessionExit | None = ...,
         stream: Global___StreamFrame | None = ...,
+        batch: Global___AgentBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "body", b"body", "exit", b"exit", "heartbeat", b"heartbeat", "opened", b"opened", "output", b"output", "register", b"register", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "opened", "output", "exit", "stream"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "opened", "output", "exit", "stream", "batch"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class AgentBatch(_message.Message):
+    """Messages the sender had ready at once, in order, in one write: each write on a gRPC stream
+    waits for its completion, so a burst (an exec's last output and its result, several
+    sessions' output) costs one round of the transport instead of one per message. A batch
+    holds no batch; a peer that did not say it takes batches never gets one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___AgentMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBatch: _TypeAlias = AgentBatch  # noqa: Y015
 
 @_typing.final
 class Register(_message.Message):
@@ -245,6 +277,7 @@ class Register(_message.Message):
     PROTOCOL_FIELD_NUMBER: _builtins.int
     AGENT_BUNDLE_FIELD_NUMBER: _builtins.int
     BUNDLE_PROBLEM_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -265,6 +298,10 @@ class Register(_message.Message):
     and why the bundle last tried was rolled back ("" when none was).
     """
     bundle_problem: _builtins.str
+    batches: _builtins.bool
+    """The agent reads `ServerMessage.batch` and may send `AgentMessage.batch` once the server
+    answers `RegisterAck.batches` (an addition within protocol 1: an older peer ignores it).
+    """
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
     @_builtins.property
@@ -290,10 +327,11 @@ class Register(_message.Message):
         protocol: _builtins.int = ...,
         agent_bundle: _builtins.str = ...,
         bundle_problem: _builtins.str = ...,
+        batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "batches", b"batches", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -576,6 +614,7 @@ class ServerMessage(_message.Message):
     ACK_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register_ack(self) -> Global___RegisterAck: ...
     @_builtins.property
@@ -594,6 +633,10 @@ class ServerMessage(_message.Message):
     def heartbeat_ack(self) -> Global___HeartbeatAck: ...
     @_builtins.property
     def stream(self) -> Global___StreamFrame: ...
+    @_builtins.property
+    def batch(self) -> Global___ServerBatch:
+        """only to an agent that said `Register.batches`"""
+
     def __init__(
         self,
         *,
@@ -606,16 +649,39 @@ class ServerMessage(_message.Message):
         ack: Global___OutputAck | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
         stream: Global___StreamFrame | None = ...,
+        batch: Global___ServerBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "body", b"body", "close", b"close", "heartbeat_ack", b"heartbeat_ack", "input", b"input", "open", b"open", "register_ack", b"register_ack", "resize", b"resize", "signal", b"signal", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack", "heartbeat_ack", "stream"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register_ack", "open", "input", "resize", "signal", "close", "ack", "heartbeat_ack", "stream", "batch"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class ServerBatch(_message.Message):
+    """As `AgentBatch`, from the server."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ServerMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerBatch: _TypeAlias = ServerBatch  # noqa: Y015
 
 @_typing.final
 class HeartbeatAck(_message.Message):
@@ -649,10 +715,13 @@ class RegisterAck(_message.Message):
     RESUME_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     heartbeat_interval_ms: _builtins.int
     protocol: _builtins.int
     """the link protocol the server speaks to this agent"""
+    batches: _builtins.bool
+    """the server takes and sends batches (both said so)"""
     @_builtins.property
     def resume(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResumeOutput]:
         """sessions to keep, and where their output resumes"""
@@ -669,10 +738,11 @@ class RegisterAck(_message.Message):
         resume: _abc.Iterable[Global___ResumeOutput] | None = ...,
         close: _abc.Iterable[_builtins.str] | None = ...,
         protocol: _builtins.int = ...,
+        batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "heartbeat_interval_ms", b"heartbeat_interval_ms", "protocol", b"protocol", "resume", b"resume", "server_id", b"server_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "close", b"close", "heartbeat_interval_ms", b"heartbeat_interval_ms", "protocol", b"protocol", "resume", b"resume", "server_id", b"server_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,7 +33,7 @@ from agentic_sandbox.broker.agentlink.messages import (
     SignalName,
 )
 from agentic_sandbox.broker.agentlink.streams import LinkStreams
-from agentic_sandbox.proto import PROTOCOL
+from agentic_sandbox.proto import BATCH_BYTES, BATCH_MESSAGES, PROTOCOL
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ class AgentConnection:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     metrics_dirty: bool = False
     close_reason: str = ""
+    batches: bool = False  # the agent takes batches (its Register said so): so does this link
 
     def __post_init__(self) -> None:
         self._out: deque[pb.ServerMessage] = deque()
@@ -190,6 +191,7 @@ class AgentConnection:
                     ],
                     close=reconciled.close,
                     protocol=PROTOCOL,
+                    batches=self.batches,
                 )
             )
         )
@@ -235,20 +237,37 @@ class AgentConnection:
         self._acked.pop(session_id, None)
 
     async def outgoing(self) -> AsyncIterator[pb.ServerMessage]:
-        """The messages to write to the stream, until the connection closes."""
-        out = self._out
-        streams = self.streams
+        """The messages to write to the stream, until the connection closes (what is ready at
+        once as one batch, when the agent takes batches)."""
         while not self.closed:
-            while out:
-                yield out.popleft()
-                if self.closed:
-                    return
-            chunk = streams.next_message()
-            if chunk is not None:
-                yield chunk
+            msg = self._next()
+            if msg is not None:
+                yield self._gather(msg) if self.batches else msg
                 continue
             self._wake.clear()
             await self._wake.wait()
+            if self.batches:
+                await asyncio.sleep(0)  # callbacks already due queue theirs: one write
+
+    def _next(self) -> pb.ServerMessage | None:
+        if self._out:
+            return self._out.popleft()
+        return self.streams.next_message()
+
+    def _gather(self, first: pb.ServerMessage) -> pb.ServerMessage:
+        size = first.ByteSize()
+        if size >= BATCH_BYTES:
+            return first
+        more: list[pb.ServerMessage] = []
+        while size < BATCH_BYTES and len(more) < BATCH_MESSAGES - 1:
+            msg = self._next()
+            if msg is None:
+                break
+            more.append(msg)
+            size += msg.ByteSize()
+        if not more:
+            return first
+        return pb.ServerMessage(batch=pb.ServerBatch(messages=[first, *more]))
 
     def close(self, reason: str) -> None:
         if self.closed:

@@ -135,6 +135,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         }
         self._m_register = metrics.grpc_messages.labels("in", "register")
         self._m_unknown = metrics.grpc_messages.labels("in", "unknown")
+        # a batch counts once as "batch", and each message in it as its own kind
+        self._m_batch_in = metrics.grpc_messages.labels("in", "batch")
+        self._m_batch_out = metrics.grpc_messages.labels("out", "batch")
         self._m_out = {
             kind: metrics.grpc_messages.labels("out", kind)
             for kind in (
@@ -397,6 +400,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             peer=peer,
             outbox_limit=self._outbox_limit,
             stream_limit=self._stream_limit,
+            batches=reg.batches,
             info=AgentInfo(
                 agent_version=reg.agent_version[:64],
                 hostname=reg.hostname[:255],
@@ -457,7 +461,13 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         conn.close("agent closed its stream" if exc is None else f"read failed: {exc}")
 
     def _count_out(self, msg: pb.ServerMessage) -> None:
-        counter = self._m_out.get(msg.WhichOneof("body") or "")
+        kind = msg.WhichOneof("body") or ""
+        if kind == "batch":
+            self._m_batch_out.inc()
+            for inner in msg.batch.messages:
+                self._count_out(inner)
+            return
+        counter = self._m_out.get(kind)
         if counter is not None:
             counter.inc()
 
@@ -470,16 +480,32 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         async for msg in request_iterator:
             registry.heard_from(conn, loop.time())
             kind = msg.WhichOneof("body")
-            entry = receivers.get(kind) if kind is not None else None
-            if entry is None:
-                self._m_unknown.inc()
-                log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
+            if kind == "batch" and conn.batches:
+                self._m_batch_in.inc()
+                for inner in msg.batch.messages:  # a batch in it is unexpected, as any unknown
+                    self._receive(conn, inner, receivers)
+                    if conn.closed:
+                        break
             else:
-                counter, receive = entry
-                counter.inc()
-                receive(conn, msg)
+                self._receive(conn, msg, receivers)
             if conn.closed:
                 break
+
+    def _receive(
+        self,
+        conn: AgentConnection,
+        msg: pb.AgentMessage,
+        receivers: dict[str, tuple[Any, Receiver]],
+    ) -> None:
+        kind = msg.WhichOneof("body")
+        entry = receivers.get(kind) if kind is not None and kind != "batch" else None
+        if entry is None:
+            self._m_unknown.inc()
+            log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
+            return
+        counter, receive = entry
+        counter.inc()
+        receive(conn, msg)
 
     # ---- receivers: protobuf in, typed values to the handler ---------------------------------
     def _receive_output(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:
