@@ -6,6 +6,9 @@ writes ``bench-results/exec.json``. Everything is on loopback: a real `sandbox-s
 subprocess, a real `agent-client` (gRPC over mutual TLS; each run in its own cgroups when
 root), and this process as the HTTP client (one keep-alive connection). Bounded in count.
 
+Pinned (unless ``--no-pin``): the server and the agent, with the agent's runs, on CPU 0; this
+client, with its direct runs, on CPU 1.
+
 Reported: p50/p99 of both, what exec adds (target: <= +5 ms p50), the ratio, CPU per exec of
 server + agent (from /proc) beside the CPU of the direct run (this process's children), the
 stream throughput of one exec's stdout through the link (MB/s), and the load average at start
@@ -33,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.agents import start_agent  # noqa: E402
 from tests.support.fixtures import TEST_SERVER_ENV  # noqa: E402
-from tests.support.measure import cpu_seconds, pct  # noqa: E402
+from tests.support.measure import cpu_seconds, pct, pin_tree  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 COMMAND = ["echo", "hello"]
@@ -66,15 +69,16 @@ def round_trip(client: Client, rounds: int, pids: list[int]) -> dict[str, Any]:
         subprocess.run(COMMAND, capture_output=True, check=True)
     via_exec: list[float] = []
     direct: list[float] = []
-    exec_cpu = 0.0
+    exec_cpu = [0.0 for _ in pids]
     direct_cpu = 0.0
     enforcement = ""
     for _ in range(rounds):
-        before = sum(cpu_seconds(p) for p in pids)
+        before = [cpu_seconds(p) for p in pids]
         t0 = time.perf_counter()
         out = client.exec(body)
         via_exec.append((time.perf_counter() - t0) * 1000)
-        exec_cpu += sum(cpu_seconds(p) for p in pids) - before
+        for i, p in enumerate(pids):
+            exec_cpu[i] += cpu_seconds(p) - before[i]
         assert out["stdout"]["data"] == "hello\n" and out["exit_code"] == 0
         enforcement = out["enforcement"]
         c0 = os.times()
@@ -95,7 +99,9 @@ def round_trip(client: Client, rounds: int, pids: list[int]) -> dict[str, Any]:
         "direct_ms": {"p50": round(p50d, 3), "p99": round(pct(direct, 99), 3)},
         "added_p50_ms": round(p50e - p50d, 3),
         "ratio_p50": round(p50e / p50d, 2),
-        "cpu_ms_per_exec_server_agent": round(exec_cpu / rounds * 1000, 3),
+        "cpu_ms_per_exec_server_agent": round(sum(exec_cpu) / rounds * 1000, 3),
+        "cpu_ms_per_exec_server": round(exec_cpu[0] / rounds * 1000, 3),
+        "cpu_ms_per_exec_agent": round(exec_cpu[1] / rounds * 1000, 3),
         "cpu_ms_per_direct_run": round(direct_cpu / rounds * 1000, 3),
         "target_added_p50_ms": 5.0,
     }
@@ -122,16 +128,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="50 rounds")
+    ap.add_argument("--no-pin", action="store_true", help="leave the scheduler to place them")
     args = ap.parse_args()
     rounds = 50 if args.quick else max(10, min(args.rounds, 5000))
+    pinned = not args.no_pin and (os.cpu_count() or 1) >= 2
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-exec-"))
+    if pinned:  # the server and the agent (and the agent's runs) start on CPU 0
+        pin_tree({0})
     server = ServerProcess(tmp / "server", env=dict(TEST_SERVER_ENV)).start()
     results: dict[str, Any] = {}
     try:
         agent = start_agent(server, "bench-exec", tmp)
         assert agent.proc is not None
         pids = [server.pid, agent.worker_pid()]
+        if pinned:  # this client (and its direct runs) on CPU 1
+            pin_tree({1})
         client = Client(server, "bench-exec")
         results["round_trip"] = round_trip(client, rounds, pids)
         results["throughput"] = throughput(client, pids)
@@ -144,6 +156,7 @@ def main() -> int:
         "python": platform.python_version(),
         "loadavg_at_start": [round(x, 2) for x in load_start],
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "pinned": "server+agent CPU 0, client CPU 1" if pinned else "no",
     }
     rt, tp, mach = results["round_trip"], results["throughput"], results["machine"]
     rows = [
@@ -157,11 +170,16 @@ def main() -> int:
             "CPU per exec: server+agent / direct",
             f"{rt['cpu_ms_per_exec_server_agent']} / {rt['cpu_ms_per_direct_run']} ms",
         ),
+        (
+            "CPU per exec: server / agent",
+            f"{rt['cpu_ms_per_exec_server']} / {rt['cpu_ms_per_exec_agent']} ms",
+        ),
         ("enforcement", rt["enforcement"]),
         (
             "one exec's stdout through the link",
             f"{tp['mb_per_s']} MB/s ({tp['cpu_s_per_gb_server_agent']} CPU s/GB)",
         ),
+        ("pinned", mach["pinned"]),
         ("load average start -> end", f"{mach['loadavg_at_start']} -> {mach['loadavg_at_end']}"),
     ]
     width = max(len(r[0]) for r in rows)

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 
 from tests.support.agents import start_agent  # noqa: E402
-from tests.support.measure import cpu_seconds, pct  # noqa: E402
+from tests.support.measure import cpu_seconds, pct, pin_tree  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 SUBPROTOCOL = "sandbox.pty.v1"
@@ -182,13 +182,6 @@ class Relay:
 
 
 # ==================================================================== pinning and CPU
-def pin_tree(cpus: set[int]) -> None:
-    """Pin this process (every thread) to `cpus`; children started now inherit it."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(tid), cpus)
-
-
 def pin_process(pid: int, cpus: set[int]) -> None:
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ nearest-rank rule on sorted samples."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -15,6 +16,13 @@ def cpu_seconds(pid: int) -> float:
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pin_tree(cpus: set[int]) -> None:
+    """Pin this process (every thread) to `cpus`; children started from now on inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def own_cpu() -> float:
