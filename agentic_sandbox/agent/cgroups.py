@@ -487,17 +487,12 @@ class Cgroups:
         if not self.version:
             return None
         if spare and self._spares:
-            run = RunCgroup(self.version, self._spares.pop(), budget)
+            dirs = self._spares.pop()
+        else:
             try:
-                run.apply()
+                dirs = self._make(f"{os.getpid()}-{name}")
             except OSError as exc:
-                run.remove()
                 raise BudgetRefused("budget", f"cannot set up the run's cgroup: {exc}") from None
-            return run
-        try:
-            dirs = self._make(f"{os.getpid()}-{name}")
-        except OSError as exc:
-            raise BudgetRefused("budget", f"cannot set up the run's cgroup: {exc}") from None
         run = RunCgroup(self.version, dirs, budget)
         try:
             run.apply()

@@ -25,9 +25,9 @@ from agentic_sandbox.agent.channels import open_channel
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
-from agentic_sandbox.proto import BATCH_BYTES, BATCH_MESSAGES
 from agentic_sandbox.proto import agent_pb2 as pb
 from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
+from agentic_sandbox.proto import gather
 
 log = logging.getLogger("agent")
 
@@ -157,20 +157,12 @@ class Link:
                 await asyncio.sleep(0)
 
     def _gather(self, first: pb.AgentMessage, now: float) -> pb.AgentMessage:
-        """`first` and what else is ready, as one batch when there is more (`proto`'s bounds)."""
-        size = first.ByteSize()
-        if size >= BATCH_BYTES:
-            return first
-        more: list[pb.AgentMessage] = []
-        while size < BATCH_BYTES and len(more) < BATCH_MESSAGES - 1:
-            msg, _ = self.owner.next_message(now)
-            if msg is None:
-                break
-            more.append(msg)
-            size += msg.ByteSize()
-        if not more:
-            return first
-        return pb.AgentMessage(batch=pb.AgentBatch(messages=[first, *more]))
+        """`first` and what else is ready, as one batch when there is more."""
+        return gather(
+            first,
+            lambda: self.owner.next_message(now)[0],
+            lambda ready: pb.AgentMessage(batch=pb.AgentBatch(messages=ready)),
+        )
 
     async def _heartbeats(self) -> None:
         while True:

@@ -17,6 +17,13 @@ one leads): a follower refuses `Enroll`, `Renew` and `Connect` with `UNAVAILABLE
 leader as `"<node> <agent-link address>"` under this key, so an agent dials the leader next.
 """
 
+from collections.abc import Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+M = TypeVar("M", bound=Message)
+
 LEADER_METADATA = "sandbox-leader"
 
 PROTOCOL = 1
@@ -25,6 +32,22 @@ PROTOCOL_METADATA = "sandbox-protocol"
 
 BATCH_BYTES = 256 * 1024
 BATCH_MESSAGES = 64
+
+
+def gather(first: M, take: Callable[[], M | None], batch: Callable[[list[M]], M]) -> M:
+    """`first`, or — when `take()` has more ready — `batch([first, …])` within the bounds
+    above (the agent's and the server's sender alike)."""
+    size = first.ByteSize()
+    if size >= BATCH_BYTES:
+        return first
+    ready = [first]
+    while size < BATCH_BYTES and len(ready) < BATCH_MESSAGES:
+        msg = take()
+        if msg is None:
+            break
+        ready.append(msg)
+        size += msg.ByteSize()
+    return first if len(ready) == 1 else batch(ready)
 
 
 def protocol_of(sent: int) -> int:

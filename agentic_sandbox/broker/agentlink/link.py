@@ -33,7 +33,7 @@ from agentic_sandbox.broker.agentlink.messages import (
     SignalName,
 )
 from agentic_sandbox.broker.agentlink.streams import LinkStreams
-from agentic_sandbox.proto import BATCH_BYTES, BATCH_MESSAGES, PROTOCOL
+from agentic_sandbox.proto import PROTOCOL, gather
 from agentic_sandbox.proto import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -255,19 +255,9 @@ class AgentConnection:
         return self.streams.next_message()
 
     def _gather(self, first: pb.ServerMessage) -> pb.ServerMessage:
-        size = first.ByteSize()
-        if size >= BATCH_BYTES:
-            return first
-        more: list[pb.ServerMessage] = []
-        while size < BATCH_BYTES and len(more) < BATCH_MESSAGES - 1:
-            msg = self._next()
-            if msg is None:
-                break
-            more.append(msg)
-            size += msg.ByteSize()
-        if not more:
-            return first
-        return pb.ServerMessage(batch=pb.ServerBatch(messages=[first, *more]))
+        return gather(
+            first, self._next, lambda ready: pb.ServerMessage(batch=pb.ServerBatch(messages=ready))
+        )
 
     def close(self, reason: str) -> None:
         if self.closed:
