@@ -213,6 +213,9 @@ class Screenless:
     def abort(self) -> None:
         self.closed = (1006, "aborted")
 
+    def backed_up(self) -> bool:
+        return False  # it takes everything at once
+
     def of_type(self, type_: str) -> list[dict[str, Any]]:
         return [t for t in self.texts if t["type"] == type_]
 

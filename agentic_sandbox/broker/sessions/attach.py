@@ -71,6 +71,9 @@ class WebSocketTransport:
         if self._raw is not None:
             self._raw.abort()
 
+    def backed_up(self) -> bool:
+        return self._raw is None or self._raw.get_write_buffer_size() > 0
+
 
 def _same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")

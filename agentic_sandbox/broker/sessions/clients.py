@@ -3,7 +3,10 @@
 There is no per-client copy of the output: each client has an offset into the session's ring
 and one writer task that sends frames from the ring at the pace the client's socket accepts.
 The hub only wakes writers; it never waits for one. A client further behind than its bound
-(or behind the ring's start) is skipped ahead to a screen snapshot (`resync`); a client stuck in
+while it does not take what it was sent (its transport is backed up), or behind the ring's
+start, is skipped ahead to a screen snapshot (`resync`) — a burst larger than the bound that
+the writer has not sent yet is not the client's lag; after a resync, what came while the
+snapshot was sent is caught up as after an attach. A client stuck in
 one send for too long is disconnected by the hub's sweep. Control messages for a client go in
 a small bounded queue ahead of output; a client that lets it overflow is disconnected too.
 
@@ -42,6 +45,10 @@ class ClientTransport(Protocol):
     async def close(self, code: int, message: str) -> None: ...
 
     def abort(self) -> None: ...
+
+    def backed_up(self) -> bool:
+        """The client has not taken what was sent (bytes wait above the kernel's buffer)."""
+        ...
 
 
 class StreamSource(Protocol):
@@ -156,6 +163,9 @@ class AttachedClient:
                         or (
                             ring.end - self.offset > self.max_lag
                             and self.offset >= self.catchup_until
+                            # behind the ring is not behind: a burst larger than the bound
+                            # (one batch from the agent) waits for a client that reads
+                            and self.transport.backed_up()
                         )
                     ):
                         self.pending_resync = "behind"
@@ -180,6 +190,10 @@ class AttachedClient:
                             )
                         )
                     )
+                    # as after an attach: what came while the snapshot was sent is caught up
+                    # losslessly while the ring holds it (a burst larger than the lag bound
+                    # meanwhile would otherwise be a second resync before any frame)
+                    self.catchup_until = max(self.catchup_until, sess.ring.end)
                     continue
                 if ring.start <= self.offset < ring.end:
                     frame = ring.frame(self.offset, self.frame_bytes)
