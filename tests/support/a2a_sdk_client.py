@@ -47,9 +47,13 @@ async def a2a_client(
     *,
     streaming: bool = True,
     jwks: dict[str, Any] | None = None,
+    signed: bool = True,
 ) -> AsyncIterator[tuple[Client, pb.AgentCard]]:
+    """A client of the agent at `agent_url` as the SDK makes one from its card; `signed`: the
+    card's signature is verified with the agent's JWKS (False: an unsigned card, as a2a-sdk's
+    own server serves — the benchmark's reference)."""
     async with httpx.AsyncClient(timeout=TIMEOUT) as http:
-        if jwks is None:
+        if jwks is None and signed:
             jwks = (await http.get(agent_url + "/.well-known/jwks.json")).json()
         factory = ClientFactory(
             ClientConfig(
@@ -61,7 +65,7 @@ async def a2a_client(
         client = await factory.create_from_url(
             agent_url,
             interceptors=[AuthInterceptor(KeyCredentials(key))],
-            signature_verifier=jwks_verifier(jwks),
+            signature_verifier=jwks_verifier(jwks) if jwks is not None else None,
         )
         card = client._card  # type: ignore[attr-defined]
         try:
