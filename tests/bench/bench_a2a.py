@@ -136,6 +136,7 @@ async def start_reference(home: Path) -> tuple[subprocess.Popen[bytes], str]:
             *("--port", str(port), "--home", str(home)),
         ],
         cwd=REPO,
+        stdout=subprocess.DEVNULL,  # (its own warnings go to stderr)
     )
     base = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=2) as http:
@@ -171,6 +172,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     await server.start()
     agent = AgentProc(server, INSTANCE, tmp)
     results: dict[str, Any] = {}
+    ref_proc: subprocess.Popen[bytes] | None = None
     try:
         owner = await server.token("bench")
         # Both paths run `bash -lc true` with HOME in the bench's directory: a login shell must
@@ -181,12 +183,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await agent.enroll_and_start(
             owner, task_runner={"argv": [*COMMAND[:2], "{text}"], "env": env}
         )
-        ref, ref_base = await start_reference(home)
+        ref_proc, ref_base = await start_reference(home)
         assert agent.proc is not None and agent.proc.proc is not None
         pids = {
             "server": server.proc.pid,
             "agent": agent.proc.worker_pid(),
-            "reference": ref.pid,
+            "reference": ref_proc.pid,
         }
         if pinned:
             pin_tree({1})
@@ -364,9 +366,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher.task
     finally:
-        if "ref" in locals():
-            ref.terminate()
-            ref.wait(10)
+        if ref_proc is not None:
+            ref_proc.terminate()
+            ref_proc.wait(10)
         await agent.stop()
         await server.stop()
     results["pinned"] = "servers+agent CPU 0, client CPU 1" if pinned else "no"
