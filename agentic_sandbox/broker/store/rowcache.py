@@ -22,7 +22,9 @@ is never served after the commit.
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -93,16 +95,25 @@ V = TypeVar("V")
 
 
 class RowCache(Generic[V]):
-    """Views (`load(key)`) of the rows of `table`, served until this process writes the table."""
+    """Views (`load(key)`) of the rows of `table`, served until this process writes the table.
+
+    On a database whose writes this process cannot see all of (PostgreSQL: `db.writes` is
+    None), a view is served for at most `untracked_ttl` seconds (0: every `get` reads)."""
 
     def __init__(
-        self, db: Database, table: str, load: Callable[[str], Awaitable[V | None]]
+        self,
+        db: Database,
+        table: str,
+        load: Callable[[str], Awaitable[V | None]],
+        *,
+        untracked_ttl: float = 0.0,
     ) -> None:
         self._load = load
-        self._views: OrderedDict[str, tuple[int, V]] = OrderedDict()
+        self._views: OrderedDict[str, tuple[int, float, V]] = OrderedDict()
         self._writes = db.writes
         self._table = table.lower()
-        self.enabled = db.writes is not None
+        self._ttl = math.inf if db.writes is not None else untracked_ttl
+        self.enabled = self._ttl > 0
 
     @property
     def generation(self) -> int:
@@ -112,15 +123,20 @@ class RowCache(Generic[V]):
         """The view of row `key` (None: no such row), from memory when it is current."""
         if not self.enabled:
             return await self._load(key)
+        now = time.monotonic()
         kept = self._views.get(key)
-        if kept is not None and kept[0] == self.generation:
+        if kept is not None and kept[0] == self.generation and kept[1] > now:
             self._views.move_to_end(key)
-            return kept[1]
+            return kept[2]
         read_under = self.generation
         view = await self._load(key)
         if view is not None and self.generation == read_under:
-            self._views[key] = (read_under, view)
+            self._views[key] = (read_under, now + self._ttl, view)
             self._views.move_to_end(key)
             while len(self._views) > MAX_VIEWS:
                 self._views.popitem(last=False)
         return view
+
+    def forget(self, key: str) -> None:
+        """Read `key` again next time (what this process knows changed it, off the database)."""
+        self._views.pop(key, None)

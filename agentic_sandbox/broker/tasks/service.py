@@ -39,6 +39,7 @@ from agentic_sandbox.broker.sessions import (
 )
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store.rowcache import RowCache
 from agentic_sandbox.broker.tasks.errors import (
     IdempotencyConflict,
     InvalidTaskInput,
@@ -68,7 +69,7 @@ from agentic_sandbox.broker.tasks.store import Page, TaskFilter, TaskStore
 
 log = logging.getLogger(__name__)
 
-INSTANCE_TTL = 2.0  # seconds an instance record is reused before it is read again
+INSTANCE_TTL = 2.0  # on PostgreSQL: seconds an instance record is reused before it is read again
 
 
 def json_key(value: object) -> str:
@@ -232,7 +233,9 @@ class TaskService:
         self.live.add_listener(push.on_event)
         self._listening = False
         self.files: TaskFiles | None = None  # the files path (use_files), None in unit tests
-        self._instances: dict[str, tuple[float, m.Instance | None]] = {}
+        self._instances: RowCache[m.Instance] = RowCache(
+            db, m.Instance.__tablename__, self._read_instance, untracked_ttl=INSTANCE_TTL
+        )
         self._profiles: dict[tuple[Any, ...], AgentProfile] = {}
 
     def use_files(self, files: TaskFiles) -> None:
@@ -344,7 +347,7 @@ class TaskService:
     async def end_incarnation(self, ended: EndedIncarnation) -> None:
         """An ended incarnation's unfinished tasks fail with the reason (queued ones never
         run; a running one's session was ended by the session hub)."""
-        self._instances.pop(ended.instance_id, None)
+        self._instances.forget(ended.instance_id)
         reason = f"the instance ended: {ended.reason}"
         for live in list(self.live.all()):
             rec = live.record
@@ -357,18 +360,15 @@ class TaskService:
             await self._end(live, TaskState.failed, reason, run_state="lost")
 
     async def instance(self, instance_id: str) -> m.Instance | None:
-        """The instance record (cached for INSTANCE_TTL seconds: every A2A call needs it)."""
-        now = time.monotonic()
-        hit = self._instances.get(instance_id)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        """The live instance record (every A2A call needs it): from memory while nothing wrote
+        the instances table (`store/rowcache.py`; on PostgreSQL for INSTANCE_TTL seconds).
+        Read-only: the record is shared by its callers."""
+        return await self._instances.get(instance_id)
+
+    async def _read_instance(self, instance_id: str) -> m.Instance | None:
         async with self.db.session() as s:
             row = await s.get(m.Instance, instance_id)
-        found = None if row is None or row.deleted_at is not None else row
-        if len(self._instances) > 10_000:
-            self._instances.clear()
-        self._instances[instance_id] = (now + INSTANCE_TTL, found)
-        return found
+        return None if row is None or row.deleted_at is not None else row
 
     async def profile(self, instance: m.Instance) -> AgentProfile:
         """Skills and runner of an instance (parsed once per version of its spec)."""

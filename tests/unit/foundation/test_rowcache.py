@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import delete, event, update
@@ -16,6 +17,7 @@ from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.instances.access import instance_view
 from agentic_sandbox.broker.instances.errors import ForbiddenError, NotFoundError
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store import rowcache
 from agentic_sandbox.broker.store.db import Database
 from agentic_sandbox.broker.store.rowcache import RowCache
 
@@ -135,9 +137,37 @@ async def test_instance_views_keep_the_owner_checks(db: Database) -> None:
         await instance_view(db, alice, "vm-1", change=True)
 
 
-def test_postgresql_never_caches() -> None:
+def test_postgresql_never_caches_unless_a_bounded_age_is_allowed() -> None:
     db = Database("postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    assert db.writes is None  # other nodes write the same rows: no count is complete
     assert not RowCache(db, "instances", _never).enabled
+    assert RowCache(db, "instances", _never, untracked_ttl=2.0).enabled
+
+
+async def test_a_bounded_age_and_forget(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where writes are not all seen (`untracked_ttl`), a view is served for that long only;
+    `forget` reads it again at once (what the process learned off the database)."""
+    loads: list[str] = []
+
+    async def load(key: str) -> str:
+        loads.append(key)
+        return f"view-{len(loads)}"
+
+    cache: RowCache[str] = RowCache(db, "instances", load)
+    assert await cache.get("k") == await cache.get("k") == "view-1"
+    cache.forget("k")
+    assert await cache.get("k") == "view-2"
+
+    db.writes = None  # as on PostgreSQL
+    clock = [100.0]
+    # (the module's clock only: the event loop keeps its own)
+    monkeypatch.setattr(rowcache, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    aged: RowCache[str] = RowCache(db, "instances", load, untracked_ttl=2.0)
+    first = await aged.get("k")
+    clock[0] += 1.9
+    assert await aged.get("k") == first
+    clock[0] += 0.2
+    assert await aged.get("k") != first
 
 
 async def _never(_key: str) -> None:
