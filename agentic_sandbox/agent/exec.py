@@ -221,7 +221,12 @@ class ExecRun:
     """One command on one stream (the stream's handler)."""
 
     def __init__(
-        self, stream: Stream, spec: pb.ExecSpec, proc: subprocess.Popen[bytes], cg: RunCgroup | None
+        self,
+        stream: Stream,
+        spec: pb.ExecSpec,
+        proc: subprocess.Popen[bytes],
+        cg: RunCgroup | None,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.stream = stream
         self.spec = spec
@@ -249,7 +254,7 @@ class ExecRun:
         self._detached = False  # the link is gone: nothing is sent
         self._pidfd: int | None = None
         self._timers: list[asyncio.TimerHandle] = []
-        self._cgroups: Cgroups | None = None  # the agent's, to make the next run's spare
+        self._cgroups = cgroups  # the agent's, to make the next run's spare
         for ch, pipe in ((STDOUT, proc.stdout), (STDERR, proc.stderr)):
             assert pipe is not None
             fd = pipe.fileno()
@@ -337,8 +342,7 @@ class ExecRun:
             if cg is not None:
                 cg.remove()
             raise StreamRefused("internal", f"cannot start {argv[0]!r}: {exc}") from None
-        run = cls(stream, spec, proc, cg)
-        run._cgroups = ctx.cgroups
+        run = cls(stream, spec, proc, cg, ctx.cgroups)
         log.info(
             "exec %d started (pid %d, %s)",
             stream.id,

@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -482,30 +482,23 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             kind = msg.WhichOneof("body")
             if kind == "batch" and conn.batches:
                 self._m_batch_in.inc()
-                for inner in msg.batch.messages:  # a batch in it is unexpected, as any unknown
-                    self._receive(conn, inner, receivers)
-                    if conn.closed:
-                        break
+                messages: Iterable[pb.AgentMessage] = msg.batch.messages
             else:
-                self._receive(conn, msg, receivers)
-            if conn.closed:
-                break
-
-    def _receive(
-        self,
-        conn: AgentConnection,
-        msg: pb.AgentMessage,
-        receivers: dict[str, tuple[Any, Receiver]],
-    ) -> None:
-        kind = msg.WhichOneof("body")
-        entry = receivers.get(kind) if kind is not None and kind != "batch" else None
-        if entry is None:
-            self._m_unknown.inc()
-            log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
-            return
-        counter, receive = entry
-        counter.inc()
-        receive(conn, msg)
+                messages = (msg,)
+            for one in messages:
+                # ("batch" has no receiver: a batch in a batch, or from an agent that did not
+                # say it sends them, is unknown)
+                kind = one.WhichOneof("body")
+                entry = receivers.get(kind) if kind is not None else None
+                if entry is None:
+                    self._m_unknown.inc()
+                    log.warning("agent %s sent an unexpected %s message", conn.instance_id, kind)
+                else:
+                    counter, receive = entry
+                    counter.inc()
+                    receive(conn, one)
+                if conn.closed:
+                    return
 
     # ---- receivers: protobuf in, typed values to the handler ---------------------------------
     def _receive_output(self, conn: AgentConnection, msg: pb.AgentMessage) -> None:

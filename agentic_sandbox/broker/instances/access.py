@@ -63,7 +63,7 @@ class InstanceView:
 
 
 def _views(db: Database) -> RowCache[InstanceView]:
-    cache = db.row_caches.get(m.Instance.__tablename__)
+    cache: RowCache[InstanceView] | None = db.row_caches.get(m.Instance.__tablename__)
     if cache is None:
 
         async def load(instance_id: str) -> InstanceView | None:
@@ -83,7 +83,7 @@ def _views(db: Database) -> RowCache[InstanceView]:
         cache = db.row_caches[m.Instance.__tablename__] = RowCache(
             db, m.Instance.__tablename__, load
         )
-    return cache  # type: ignore[return-value]  # one cache per table, made here
+    return cache
 
 
 async def instance_view(

@@ -36,7 +36,7 @@ from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
-from agentic_sandbox.broker.store.rowcache import TableWrites
+from agentic_sandbox.broker.store.rowcache import RowCache, TableWrites
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Database:
         # Called once per fenced write (the server steps down on the first).
         self.on_fenced: Callable[[Fenced], None] | None = None
         # Read-only views of rows by table (`rowcache.py`), made by their users.
-        self.row_caches: dict[str, object] = {}
+        self.row_caches: dict[str, RowCache[Any]] = {}
 
     async def _check_fence(self, conn: AsyncConnection | AsyncSession) -> None:
         mine = self.fence
