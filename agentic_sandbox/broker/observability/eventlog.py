@@ -22,6 +22,8 @@ from agentic_sandbox.broker.observability.event import (
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
 
+#: the table itself, for Core statements (no ORM work per write)
+EVENTS = m.Base.metadata.tables[m.Event.__tablename__]
 NOTIFY_CHANNEL = "sandbox_events"  # PostgreSQL: NOTIFY at each commit of events
 
 
@@ -69,14 +71,15 @@ class SqlEventLog:
     async def append(self, batch: list[Event]) -> None:
         if not batch:
             return
-        async with self._db.session() as s:
-            # a bulk insert, not the unit of work: no ORM object per event
-            await s.execute(insert(m.Event), [row_values(ev) for ev in batch])
+        # Core statements on a connection, not the ORM: one executemany of whole rows (no
+        # ORM bulk machinery, no grouping by the columns that happen to be set)
+        async with self._db.begin() as conn:
+            await conn.execute(insert(EVENTS), [row_values(ev) for ev in batch])
             last = batch[-1].seq
             if last % 1000 < len(batch):  # now and then, trim to the retention bound
-                await s.execute(delete(m.Event).where(m.Event.seq <= last - self._retention))
+                await conn.execute(delete(EVENTS).where(EVENTS.c.seq <= last - self._retention))
             if self._db.dialect == "postgresql":  # wakes the followers' tails at commit
-                await s.execute(
+                await conn.execute(
                     text("SELECT pg_notify(:c, :n)"), {"c": NOTIFY_CHANNEL, "n": str(last)}
                 )
 

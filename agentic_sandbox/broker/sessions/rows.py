@@ -19,9 +19,11 @@ from sqlalchemy import update
 
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.broker.store.batch import BatchWriter
+from agentic_sandbox.broker.store.batch import WRITE_LINGER, BatchWriter
 
 log = logging.getLogger(__name__)
+#: the table itself, for Core statements (no ORM work per write)
+SESSIONS = m.Base.metadata.tables[m.Session.__tablename__]
 
 # One waiting update per session (merged), so the bound is only reached with this many
 # sessions changing between two batches; a dropped update is logged.
@@ -49,6 +51,7 @@ class SessionRows:
             merge_key=lambda u: u.session_id,
             merge=_merge,
             on_drop=lambda u: log.error("session %s: a row update was dropped", u.session_id),
+            linger=WRITE_LINGER,
         )
 
     def persist(self, session_id: str, **values: object) -> None:
@@ -68,10 +71,11 @@ class SessionRows:
 
     async def _write(self, batch: list[RowUpdate]) -> None:
         now = dt.datetime.now(dt.UTC)
-        async with self._db.session() as s:
+        # Core statements on a connection: no ORM session, no synchronize_session pass
+        async with self._db.begin() as conn:
             for u in batch:
-                await s.execute(
-                    update(m.Session)
-                    .where(m.Session.id == u.session_id)
+                await conn.execute(
+                    update(SESSIONS)
+                    .where(SESSIONS.c.id == u.session_id)
                     .values(**u.values, updated_at=now)
                 )

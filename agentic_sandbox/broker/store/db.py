@@ -35,8 +35,10 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from agentic_sandbox.broker.store import sqlite_inline
 from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 from agentic_sandbox.broker.store.rowcache import RowCache, TableWrites
+from agentic_sandbox.broker.store.sqlite_writer import SerialWriter
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 #: PostgreSQL advisory-lock key under which nodes migrate and bootstrap one at a time.
 MIGRATE_LOCK_KEY = 0x5A4D_0001
+#: how long a SQLite writer waits for another (in this process: `sqlite_writer.py`) to finish
+BUSY_SECONDS = 5.0
 FENCE_SQL = text("SELECT term FROM control_term WHERE id = 1 FOR SHARE")
 
 
@@ -73,7 +77,7 @@ def _sqlite_connected(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry)
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_SECONDS * 1000)}")
     cur.close()
 
 
@@ -139,15 +143,19 @@ class Database:
             path = url.split(":///", 1)[1] if ":///" in url else ""
             if path and path != ":memory:":
                 _private_sqlite_file(Path(path))
+                # each call on the loop's thread, not a round trip to a driver thread
+                kwargs["async_creator"] = sqlite_inline.connector(path)
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         # What this process wrote, per table: read-only views (`rowcache.py`) are served from
         # memory only where this process is the one writer (SQLite: one server per data dir)
         self.writes: TableWrites | None = None
+        self.serial_writer: SerialWriter | None = None
         if self.dialect == "sqlite":
             event.listen(self.engine.sync_engine, "connect", _sqlite_connected)
             self.writes = TableWrites(self.engine.sync_engine)
+            self.serial_writer = SerialWriter(self.engine.sync_engine, BUSY_SECONDS)
         self.sessions = async_sessionmaker(
             self.engine, expire_on_commit=False, sync_session_class=_Session
         )
