@@ -20,6 +20,7 @@ from agentic_sandbox.broker.incarnations import EndedIncarnation
 from agentic_sandbox.broker.observability.logs import redactor
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
+from agentic_sandbox.broker.store.rowcache import RowCache
 
 SECRET_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 
@@ -63,6 +64,14 @@ class Vault:
     def __init__(self, db: Database, key_file: Path) -> None:
         self._db = db
         self._fernet = Fernet(load_or_create_key(key_file))
+        # What every session's start reads: an instance's bindings, as (env name, ciphertext)
+        # pairs — kept sealed, opened per use — until this process writes one of the joined
+        # tables (SQLite; on PostgreSQL every call reads)
+        self._bound: RowCache[tuple[tuple[str, bytes], ...]] = RowCache(
+            db,
+            (m.Secret.__tablename__, m.SecretBinding.__tablename__, m.Instance.__tablename__),
+            self._read_bound,
+        )
 
     def seal(self, value: bytes) -> bytes:
         return self._fernet.encrypt(value)
@@ -126,6 +135,10 @@ class Vault:
         """Environment name → value of the secrets bound to an instance's live incarnation
         (server-side use only): a binding made for an earlier instance with this id never
         applies."""
+        bound = await self._bound.get(instance_id)
+        return {name: self.open(sealed).decode() for name, sealed in bound or ()}
+
+    async def _read_bound(self, instance_id: str) -> tuple[tuple[str, bytes], ...]:
         async with self._db.session() as s:
             rows = (
                 await s.execute(
@@ -142,10 +155,9 @@ class Vault:
                     )
                 )
             ).all()
-        out = {}
-        for secret, binding in rows:
-            out[binding.env_name or secret.name] = self.open(secret.ciphertext).decode()
-        return out
+        return tuple(
+            (binding.env_name or secret.name, secret.ciphertext) for secret, binding in rows
+        )
 
     async def end_incarnation(self, ended: EndedIncarnation) -> None:
         """An ended incarnation's secret bindings are removed (the secrets stay their owner's)."""

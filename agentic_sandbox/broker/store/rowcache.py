@@ -95,7 +95,9 @@ V = TypeVar("V")
 
 
 class RowCache(Generic[V]):
-    """Views (`load(key)`) of the rows of `table`, served until this process writes the table.
+    """Views (`load(key)`) of the rows of `table`, served until this process writes the table
+    (a view read from several tables, a join: `table` is all of them, and a write to any one
+    ends it).
 
     On a database whose writes this process cannot see all of (PostgreSQL: `db.writes` is
     None), a view is served for at most `untracked_ttl` seconds (0: every `get` reads)."""
@@ -103,7 +105,7 @@ class RowCache(Generic[V]):
     def __init__(
         self,
         db: Database,
-        table: str,
+        table: str | tuple[str, ...],
         load: Callable[[str], Awaitable[V | None]],
         *,
         untracked_ttl: float = 0.0,
@@ -111,13 +113,16 @@ class RowCache(Generic[V]):
         self._load = load
         self._views: OrderedDict[str, tuple[int, float, V]] = OrderedDict()
         self._writes = db.writes
-        self._table = table.lower()
+        self._tables = tuple(t.lower() for t in ((table,) if isinstance(table, str) else table))
         self._ttl = math.inf if db.writes is not None else untracked_ttl
         self.enabled = self._ttl > 0
 
     @property
     def generation(self) -> int:
-        return self._writes.generation(self._table) if self._writes is not None else 0
+        if self._writes is None:
+            return 0
+        # counts only grow, so their sum moves whenever any one of them does
+        return sum(self._writes.generation(t) for t in self._tables)
 
     async def get(self, key: str) -> V | None:
         """The view of row `key` (None: no such row), from memory when it is current."""

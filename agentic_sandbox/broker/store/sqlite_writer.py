@@ -1,20 +1,20 @@
 """SQLite's one writer at a time, queued in this process instead of in SQLite's busy handler.
 
-SQLite lets one connection write at a time. The engine's pool hands out several aiosqlite
-connections (each with its own thread), so two transactions of this process often want to write
-at once: the event and audit batch writers, a session's row, a task's transition. The second
-one's first INSERT, UPDATE or DELETE used to meet SQLITE_BUSY, and SQLite's busy handler then
-*sleeps and polls* (1, 2, 5, 10, 15 … ms steps) rather than waking when the lock frees. Under
-`tests/bench/bench_a2a.py` at one client, 1442 of 17 000 statements waited like that, their
-times in clusters at 1, 3, 8, 18 and 30+ ms (the sums of those steps): most of an A2A task's
-latency.
+SQLite lets one connection write at a time, and the engine's pool hands out several
+connections, so two transactions of this process often want to write at once: the event and
+audit batch writers, a session's row, a task's transition. The second one's first INSERT,
+UPDATE or DELETE used to meet SQLITE_BUSY, and SQLite's busy handler then *sleeps and polls*
+(1, 2, 5, 10, 15 … ms steps) rather than waking when the lock frees. Under
+`tests/bench/bench_a2a.py` at one client, 1442 of 17 700 driver calls waited like that, their
+times in clusters at 1, 3, 8, 18 and 30+ ms (the sums of those steps). With the connections
+run on the loop's thread (`sqlite_inline.py`) such a sleep would stall the whole server.
 
-Here a writer instead waits on an `asyncio.Lock`, taken just before its transaction's first
-write statement (where `sqlite3` begins the transaction) and released as soon as the DBAPI
-commit or rollback has run; the next writer starts the moment the lock frees, in arrival
-order, and reads never wait (WAL). A writer that waits longer than `wait_seconds` (the same
-bound as SQLite's busy_timeout) gets "database is locked", as before. `busy_timeout` still
-covers writers outside this process.
+Here a writer waits its turn on a FIFO lock on the loop instead, taken just before its
+transaction's first write statement (where `sqlite3` begins the transaction) and released as
+soon as the DBAPI commit or rollback has run. An uncontended take is synchronous; the next
+writer starts the moment the lock frees, in arrival order; reads never wait (WAL). A writer
+that waits longer than `wait_seconds` (the bound of SQLite's busy_timeout) gets "database is
+locked", as before. `busy_timeout` still covers writers outside this process.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,10 @@ class SerialWriter:
 
     def __init__(self, engine: Engine, wait_seconds: float) -> None:
         self.wait_seconds = wait_seconds
-        self._lock = asyncio.Lock()
+        # A FIFO lock whose uncontended take is synchronous (no await, no timer): `_held`,
+        # and the writers waiting for their turn, which is handed to the first of them.
+        self._held = False
+        self._turns: deque[asyncio.Future[None]] = deque()
         self._holder: object | None = None  # the aiosqlite connection that holds the lock
         self._loop: asyncio.AbstractEventLoop | None = None
         #: writes that had to wait for another of this process's writers
@@ -65,25 +69,36 @@ class SerialWriter:
         driver = conn.connection.driver_connection
         if self._holder is driver or _READS.match(statement):
             return
-        if self._lock.locked():
+        if not self._held:
+            self._held = True
+        else:
             self.waits += 1
-        try:
-            await_(self._acquire())
-        except TimeoutError:
-            raise OperationalError(
-                statement,
-                parameters,
-                sqlite3.OperationalError(
-                    f"database is locked: another writer of this server held it for "
-                    f"{self.wait_seconds:g} s"
-                ),
-            ) from None
+            try:
+                await_(self._wait_turn())
+            except TimeoutError:
+                raise OperationalError(
+                    statement,
+                    parameters,
+                    sqlite3.OperationalError(
+                        f"database is locked: another writer of this server held it for "
+                        f"{self.wait_seconds:g} s"
+                    ),
+                ) from None
         self._holder = driver
         self._loop = asyncio.get_running_loop()
 
-    async def _acquire(self) -> None:
-        async with asyncio.timeout(self.wait_seconds):
-            await self._lock.acquire()
+    async def _wait_turn(self) -> None:
+        turn = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        try:
+            async with asyncio.timeout(self.wait_seconds):
+                await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():  # handed the turn just as it gave up
+                self._hand_on()
+            else:
+                turn.cancel()
+            raise
 
     def _after(
         self,
@@ -120,6 +135,15 @@ class SerialWriter:
         except RuntimeError:
             running = None
         if loop is None or running is loop:
-            self._lock.release()
+            self._hand_on()
         else:  # a connection closed from outside the loop (a garbage-collected one)
-            loop.call_soon_threadsafe(self._lock.release)
+            loop.call_soon_threadsafe(self._hand_on)
+
+    def _hand_on(self) -> None:
+        """The next waiting writer's turn (the lock stays held), or the lock freed."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._held = False

@@ -195,3 +195,33 @@ async def test_the_end_of_a_connection_that_lost_its_state_counts_for_every_tabl
     assert db.writes is not None
     db.writes._ended(Lost())  # type: ignore[arg-type]
     assert cache.generation > before
+
+
+async def test_an_instances_secrets_are_read_once_until_a_joined_table_is_written(
+    db: Database, tmp_path: Path
+) -> None:
+    """The vault's per-instance bindings (a join of secrets, bindings and instances): each
+    session start used to read them; now a write to any of the three tables ends the view."""
+    from agentic_sandbox.broker.secrets.vault import Vault
+
+    vault = Vault(db, tmp_path / "secrets.key")
+    secret, _ = await vault.put("alice", "TOKEN", "one")
+    async with db.session() as s:
+        inst = await s.get(m.Instance, "vm-1")
+        assert inst is not None
+        s.add(
+            m.SecretBinding(secret_id=secret.id, instance_id="vm-1", incarnation=inst.incarnation)
+        )
+    selects = _selects(db)
+    assert await vault.values_for_instance("vm-1") == {"TOKEN": "one"}
+    read = len(selects)
+    assert read >= 1
+    assert await vault.values_for_instance("vm-1") == {"TOKEN": "one"}
+    assert len(selects) == read, "the second call read the database again"
+    await vault.put("alice", "TOKEN", "two")  # the secrets table
+    assert await vault.values_for_instance("vm-1") == {"TOKEN": "two"}
+    async with db.session() as s:  # the instances table: a new incarnation ends the binding
+        await s.execute(
+            update(m.Instance).where(m.Instance.id == "vm-1").values(incarnation="f" * 32)
+        )
+    assert await vault.values_for_instance("vm-1") == {}
