@@ -9,6 +9,7 @@ no old-term commit can land.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -137,14 +138,17 @@ class Database:
         self.url = url
         self.dialect = url.split("+", 1)[0].split(":", 1)[0]
         kwargs: dict[str, Any] = {}
+        self.checkpointer: sqlite_inline.Checkpointer | None = None
         if self.dialect == "sqlite":
             # no liveness ping per checkout: a local file's connection does not go stale, and
             # the ping is one more round trip to the driver's thread on every session
             path = url.split(":///", 1)[1] if ":///" in url else ""
             if path and path != ":memory:":
                 _private_sqlite_file(Path(path))
-                # each call on the loop's thread, not a round trip to a driver thread
-                kwargs["async_creator"] = sqlite_inline.connector(path)
+                # each call on the loop's thread, not a round trip to a driver thread; the
+                # log's checkpoints (which wait for the disk) in a thread of their own
+                self.checkpointer = sqlite_inline.Checkpointer(path)
+                kwargs["async_creator"] = sqlite_inline.connector(path, self.checkpointer)
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
@@ -270,3 +274,5 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self.checkpointer is not None:
+            await asyncio.to_thread(self.checkpointer.stop)

@@ -16,18 +16,27 @@ future before it is awaited; no thread is started. What this relies on:
 - no in-process writer ever meets another one's lock, which would make SQLite's busy handler
   sleep on the loop's thread while the holder cannot run: `sqlite_writer.SerialWriter` queues
   this process's writers on an asyncio lock first;
-- statements are short. A WAL checkpoint (every `wal_autocheckpoint` pages, here about every
-  4 MB written) writes back and syncs on the committing call.
+- statements are short, and none waits for the disk: with `synchronous=NORMAL` only a WAL
+  checkpoint syncs, and that took 15-330 ms here on a busy disk. So these connections never
+  checkpoint (`wal_autocheckpoint=0`); a `Checkpointer` thread with its own connection runs
+  a PASSIVE checkpoint (it neither waits for nor blocks writers or readers) once a second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import aiosqlite
+
+log = logging.getLogger(__name__)
+
+#: seconds between two checkpoints of the write-ahead log
+CHECKPOINT_SECONDS = 1.0
 
 
 class _RunAtOnce:
@@ -54,11 +63,60 @@ class InlineConnection(aiosqlite.Connection):
         return self._connect().__await__()  # no thread to start
 
 
-def connector(path: str) -> Callable[[], Any]:
+def _open(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False)
+    conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's job, off the loop
+    return conn
+
+
+def connector(path: str, checkpointer: Checkpointer) -> Callable[[], Any]:
     """An `async_creator` for `create_async_engine`: a new inline connection to `path`."""
 
     async def connect() -> InlineConnection:
-        conn = InlineConnection(lambda: sqlite3.connect(path, check_same_thread=False))
-        return await conn
+        checkpointer.start()
+        return await InlineConnection(lambda: _open(path))
 
     return connect
+
+
+class Checkpointer:
+    """A thread that checkpoints the database's write-ahead log every `interval` seconds."""
+
+    def __init__(self, path: str, interval: float = CHECKPOINT_SECONDS) -> None:
+        self.path = path
+        self.interval = interval
+        self.runs = 0  # checkpoints that ran
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (after the checkpoint it may be running); `start` makes a new one."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._thread = None
+        self._stop.clear()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, check_same_thread=False)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.runs += 1
+                    self._failing = False
+                except sqlite3.Error as exc:  # the log grows meanwhile; writes go on
+                    if not self._failing:
+                        log.warning("checkpointing %s failed: %s", self.path, exc)
+                    self._failing = True
+        finally:
+            if conn is not None:
+                conn.close()
