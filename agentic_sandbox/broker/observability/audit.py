@@ -16,7 +16,7 @@ from sqlalchemy import insert, select
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.broker.store.batch import WRITE_LINGER, BatchWriter
+from agentic_sandbox.broker.store.batch import BatchWriter
 
 log = logging.getLogger(__name__)
 #: the table itself, for Core statements (no ORM work per write)
@@ -44,7 +44,7 @@ class AuditLog:
         # Past `limit` unwritten entries the oldest is dropped (callers never wait), counted
         # in `writer.dropped` and exposed as a metric.
         self.writer: BatchWriter[AuditRecord] = BatchWriter(
-            "audit-writer", self._write, limit=limit, on_drop=_dropped, linger=WRITE_LINGER
+            "audit-writer", self._write, limit=limit, on_drop=_dropped
         )
 
     async def start(self) -> None:

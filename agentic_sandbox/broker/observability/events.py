@@ -29,7 +29,7 @@ from typing import Any
 from agentic_sandbox.broker.observability.event import EVENT_TYPE_PREFIXES, Event, EventFilter
 from agentic_sandbox.broker.observability.eventlog import EventLog
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
-from agentic_sandbox.broker.store.batch import WRITE_LINGER, BatchWriter
+from agentic_sandbox.broker.store.batch import BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,6 @@ class EventBus:
             "event-writer",
             self._store,
             limit=pending_limit or max(ring_size * 10, 100_000),
-            linger=WRITE_LINGER,
         )
 
     @property

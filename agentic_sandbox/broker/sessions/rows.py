@@ -19,7 +19,7 @@ from sqlalchemy import update
 
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.broker.store.batch import WRITE_LINGER, BatchWriter
+from agentic_sandbox.broker.store.batch import BatchWriter
 
 log = logging.getLogger(__name__)
 #: the table itself, for Core statements (no ORM work per write)
@@ -51,7 +51,6 @@ class SessionRows:
             merge_key=lambda u: u.session_id,
             merge=_merge,
             on_drop=lambda u: log.error("session %s: a row update was dropped", u.session_id),
-            linger=WRITE_LINGER,
         )
 
     def persist(self, session_id: str, **values: object) -> None:

@@ -9,9 +9,6 @@ session hub's row updates). What it promises:
 - **Ordered.** Batches are written one at a time, in the order items were added, by the
   writer's own task. Nothing else writes, so a caller that is cancelled (a request whose
   client left, a shutdown) can never cancel a commit half-way.
-- **Lingering where asked.** With `linger`, a writer woken by one item waits up to that long
-  (less if a batch fills or someone flushes) for more to join it: one transaction for a burst
-  (a task's transitions, a session's open and start) instead of one per item.
 - **Merged where asked.** With `merge_key`/`merge`, an item whose key already waits (and is
   not yet being written) is folded into the waiting one in place: one row update per key per
   batch instead of one per call.
@@ -38,9 +35,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: how long the server's write-behind loops (events, audit, session rows) let a burst gather
-WRITE_LINGER = 0.005
-
 
 class BatchWriter(Generic[T]):
     def __init__(
@@ -54,7 +48,6 @@ class BatchWriter(Generic[T]):
         merge_key: Callable[[T], Hashable] | None = None,
         merge: Callable[[T, T], None] | None = None,
         on_drop: Callable[[T], None] | None = None,
-        linger: float = 0.0,
     ) -> None:
         """`write(batch)` stores a batch in one transaction (all or nothing) or raises.
         `merge(waiting, new)` folds `new` into `waiting` (same `merge_key`) in place."""
@@ -67,7 +60,6 @@ class BatchWriter(Generic[T]):
         self._limit = limit
         self._batch_size = min(batch_size, limit)
         self._retry_seconds = retry_seconds
-        self._linger = linger
         self._merge_key = merge_key
         self._merge = merge
         self._on_drop = on_drop
@@ -81,7 +73,6 @@ class BatchWriter(Generic[T]):
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()  # something was added, or the writer should stop
         self._kick = asyncio.Event()  # someone waits: retry a failed batch now
-        self._hurry = asyncio.Event()  # someone waits, or a batch is full: stop lingering
         self._inline = asyncio.Lock()  # flushes while no writer task runs
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -114,8 +105,6 @@ class BatchWriter(Generic[T]):
         self._queue.append(item)
         self._added += 1
         self._wake.set()
-        if len(self._queue) >= self._batch_size:
-            self._hurry.set()
 
     def _dropped(self, item: T) -> None:
         self.dropped += 1
@@ -145,7 +134,6 @@ class BatchWriter(Generic[T]):
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append((target, waiter))
         self._kick.set()
-        self._hurry.set()
         self._wake.set()
         await waiter  # a cancelled caller stops waiting; the write goes on
 
@@ -161,7 +149,6 @@ class BatchWriter(Generic[T]):
         self._stopping = True
         self._wake.set()
         self._kick.set()
-        self._hurry.set()
         await asyncio.shield(task)
 
     async def _run(self) -> None:
@@ -172,7 +159,6 @@ class BatchWriter(Generic[T]):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self._gather()
             try:
                 await self._write_next()
             except Exception:
@@ -184,17 +170,6 @@ class BatchWriter(Generic[T]):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._retry_seconds):
                         await self._kick.wait()
-
-    async def _gather(self) -> None:
-        """Linger for more items unless a batch is full or someone waits for the write."""
-        if self._linger <= 0 or self._stopping or self._waiters:
-            return
-        if len(self._queue) >= self._batch_size:
-            return
-        self._hurry.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._linger):
-                await self._hurry.wait()
 
     async def _write_next(self) -> None:
         """Write the oldest batch; on failure it goes back to the front of the queue."""

@@ -214,35 +214,3 @@ async def test_backlog_and_drops_are_metrics() -> None:
     text = metrics.exposition().decode()
     assert 'sandbox_write_behind_pending{writer="event-writer"} 2.0' in text
     assert 'sandbox_write_behind_dropped_total{writer="event-writer"} 1.0' in text
-
-
-async def test_a_lingering_writer_gathers_a_burst_into_one_batch() -> None:
-    store = Store()
-    w = BatchWriter("t", store.write, limit=100, linger=0.05)
-    w.start()
-    for i in range(3):
-        w.add(i)
-        await asyncio.sleep(0)  # the writer wakes between the adds
-    async with asyncio.timeout(2):
-        while not store.batches:
-            await asyncio.sleep(0.01)
-    assert store.batches == [[0, 1, 2]]
-    await w.close()
-
-
-async def test_a_flush_or_a_full_batch_cuts_the_linger_short() -> None:
-    store = Store()
-    w = BatchWriter("t", store.write, limit=100, batch_size=3, linger=30)
-    w.start()
-    w.add(0)
-    await asyncio.sleep(0)
-    async with asyncio.timeout(2):  # not the 30 s linger
-        await w.flush()
-    assert store.batches == [[0]]
-    for i in range(1, 4):
-        w.add(i)
-    async with asyncio.timeout(2):
-        while len(store.batches) < 2:
-            await asyncio.sleep(0.01)
-    assert store.batches[1] == [1, 2, 3]
-    await w.close()
