@@ -66,6 +66,10 @@ class InlineConnection(aiosqlite.Connection):
 def _open(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False)
     conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's job, off the loop
+    # After the log restarts, cut it to what its first commit wrote: without this, a log grown
+    # by migrations or a burst keeps free room that lets writes succeed on a full disk (and
+    # then fail later, at random), instead of failing at once with "storage full" (507)
+    conn.execute("PRAGMA journal_size_limit=0")
     return conn
 
 
