@@ -116,9 +116,7 @@ class EventBus:
         # Events not yet in the log. Past its bound the oldest unwritten ones are dropped
         # (counted in `writer.dropped`, exposed as a metric): publishers never wait.
         self.writer: BatchWriter[Event] = BatchWriter(
-            "event-writer",
-            self._store,
-            limit=pending_limit or max(ring_size * 10, 100_000),
+            "event-writer", self._store, limit=pending_limit or max(ring_size * 10, 100_000)
         )
 
     @property

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 #: views kept per table (least recently used dropped first)
 MAX_VIEWS = 4096
-#: statements that cannot write
-_READ_ONLY = re.compile(r"\s*(select|pragma)\b", re.I)
+#: statements that cannot write (also what `sqlite_writer.SerialWriter` lets through)
+READ_ONLY = re.compile(r"\s*(select|pragma)\b", re.I)
 #: the table a plain INSERT, UPDATE or DELETE writes
 _TARGET = re.compile(r'\s*(?:insert\s+(?:or\s+\w+\s+)?into|update|delete\s+from)\s+"?(\w+)', re.I)
 _MARK = "rowcache:wrote"
@@ -70,7 +70,7 @@ class TableWrites:
         _context: Any,
         _executemany: bool,
     ) -> None:
-        if _READ_ONLY.match(statement):
+        if READ_ONLY.match(statement):
             return
         target = _TARGET.match(statement)
         table = target.group(1).lower() if target else "*"

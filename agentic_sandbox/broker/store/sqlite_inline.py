@@ -15,7 +15,7 @@ future before it is awaited; no thread is started. What this relies on:
 
 - no in-process writer ever meets another one's lock, which would make SQLite's busy handler
   sleep on the loop's thread while the holder cannot run: `sqlite_writer.SerialWriter` queues
-  this process's writers on an asyncio lock first;
+  this process's writers on a FIFO lock on the loop first;
 - statements are short, and none waits for the disk: with `synchronous=NORMAL` only a WAL
   checkpoint syncs, and that took 15-330 ms here on a busy disk. So these connections never
   checkpoint (`wal_autocheckpoint=0`); a `Checkpointer` thread with its own connection runs

@@ -20,7 +20,6 @@ locked", as before. `busy_timeout` still covers writers outside this process.
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 from collections import deque
 from collections.abc import Callable
@@ -31,10 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.util import await_
 
-#: statements that never take SQLite's write lock; any other one waits for its turn (sqlite3
-#: begins a write transaction before INSERT, UPDATE, DELETE and REPLACE; DDL and the rest may
-#: take the lock on their own)
-_READS = re.compile(r"\s*(select|pragma)\b", re.I)
+from agentic_sandbox.broker.store.rowcache import READ_ONLY
 
 
 class SerialWriter:
@@ -67,7 +63,10 @@ class SerialWriter:
         _executemany: bool,
     ) -> None:
         driver = conn.connection.driver_connection
-        if self._holder is driver or _READS.match(statement):
+        # only statements that cannot write go by; any other waits for its turn (sqlite3
+        # begins a write transaction before INSERT, UPDATE, DELETE and REPLACE; DDL and the
+        # rest may take the lock on their own)
+        if self._holder is driver or READ_ONLY.match(statement):
             return
         if not self._held:
             self._held = True
