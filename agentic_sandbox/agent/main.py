@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from agentic_sandbox.agent.config import ConfigError, load, parser
 from agentic_sandbox.agent.keeper import ENV_FD, EXIT_RESTART, run_keeper
+from agentic_sandbox.proto.grpc_io import use_polling_io
 
 # The agent forks only to exec (ptyprocess); gRPC's fork handlers are not needed and only log.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+use_polling_io()  # before gRPC loads; the keeper's workers inherit it
 
 if TYPE_CHECKING:
     from agentic_sandbox.agent.runtime import AgentRuntime

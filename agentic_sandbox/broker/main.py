@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agentic_sandbox.broker.config import ConfigError, EventLoop, Settings, load_settings
 from agentic_sandbox.broker.observability.logs import configure_logging
+from agentic_sandbox.proto.grpc_io import use_polling_io
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +46,7 @@ def _run(coro_factory: object, settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    use_polling_io()  # before gRPC loads (the agent link's listeners)
     args = _parser().parse_args(argv)
     try:
         settings = load_settings(args.config)
