@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentic_sandbox.proto import seed_record
+
 log = logging.getLogger(__name__)
 
 SEED_LABEL = "cidata"
@@ -89,10 +91,36 @@ def unlock_cdrom_trays() -> None:
         Path("/proc/sys/dev/cdrom/lock").write_text("0\n")
 
 
-def seed_fingerprint() -> bytes | None:
-    """A cheap fingerprint of the seed disk's first blocks, read past the page cache (O_DIRECT),
-    to notice within a second that a restored guest was given a new seed."""
+HEAD_BYTES = 64 * 1024  # what one direct read of the seed disk takes: its system area and more
+
+
+@dataclass(frozen=True)
+class SeedHead:
+    """The first bytes of the seed disk: a fingerprint to notice a new seed by, and the
+    identity when the seed carries it in its system area (`proto/seed_record.py`)."""
+
+    fingerprint: bytes
+    identity: SeedIdentity | None
+
+
+def parse_head(head: bytes) -> SeedHead:
     import hashlib
+
+    found: SeedIdentity | None = None
+    payload = seed_record.unpack(head)
+    if payload is not None:
+        try:
+            found = SeedIdentity.from_json(json.loads(payload))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("unreadable identity record on the seed: %s", exc)
+    return SeedHead(hashlib.sha256(head).digest(), found)
+
+
+def read_seed_head() -> SeedHead | None:
+    """The seed disk's first 64 KiB, read past the page cache (O_DIRECT: a restored guest's
+    cache may hold the previous seed's blocks) in one read: a new seed is noticed, and on a
+    seed that carries its record, read, without mounting anything (10-20 ms in a TCG guest
+    against about 0.6 s for `read_seed`)."""
     import mmap
 
     for dev in CANDIDATES:
@@ -103,10 +131,10 @@ def seed_fingerprint() -> bytes | None:
         except OSError:
             continue
         try:
-            buf = mmap.mmap(-1, 64 * 1024)  # page-aligned, as O_DIRECT wants
+            buf = mmap.mmap(-1, HEAD_BYTES)  # page-aligned, as O_DIRECT wants
             try:
                 n = os.readv(fd, [buf])
-                return hashlib.sha256(buf[:n]).digest()
+                return parse_head(buf[:n])
             finally:
                 buf.close()
         except OSError:
@@ -117,8 +145,9 @@ def seed_fingerprint() -> bytes | None:
 
 
 def read_seed() -> SeedIdentity | None:
-    """The identity on the seed disk, read fresh (kernel buffers dropped first: a restored
-    guest's page cache may still hold the previous seed's blocks)."""
+    """The identity file on the seed disk, read fresh (kernel buffers dropped first: a restored
+    guest's page cache may still hold the previous seed's blocks); for a seed without the
+    system-area record (one made by an older server)."""
     if os.geteuid() != 0:
         return None
     for real in _seed_devices():  # lazily: blkid runs only when the usual devices fail

@@ -1,12 +1,13 @@
 """Noticing that this guest was given another instance's seed (a clone, a warm-pool hand-off).
 
 A guest restored from a memory state wakes up as the guest it was saved from; its new identity
-is on its new seed. The watcher compares a cheap fingerprint of the seed disk (a 64 KiB
-O_DIRECT read) every quarter second, and mounts and reads the seed only when the fingerprint
-changed; what it read is kept for the identity switch, which must not mount it again (every
-mount costs hand-off time inside an emulated guest). `check()` does the same at once: the agent
-calls it before every (re)connect, so it never reconnects under an identity its seed no longer
-names.
+is on its new seed. The watcher reads the seed disk's head (one 64 KiB O_DIRECT read,
+`identity.read_seed_head`) every quarter second: its fingerprint says whether the seed changed,
+and the identity record in its system area says who this guest now is, with no mount. Only a
+seed without that record (made by an older server) is mounted and read, and only when its
+fingerprint changed. What was read is kept for the identity switch, which must not read it
+again. `check()` does the same at once: the agent calls it as soon as a link fails and before
+every (re)connect, so it never reconnects under an identity its seed no longer names.
 """
 
 from __future__ import annotations
@@ -29,8 +30,16 @@ class SeedWatcher:
         self._read_once = False
         self.changed = asyncio.Event()  # a seed naming another instance arrived
 
-    async def _fingerprint(self) -> bytes | None:
-        return await asyncio.to_thread(identity.seed_fingerprint)
+    @staticmethod
+    async def _head() -> identity.SeedHead | None:
+        return await asyncio.to_thread(identity.read_seed_head)
+
+    @staticmethod
+    async def _identity(head: identity.SeedHead | None) -> identity.SeedIdentity | None:
+        if head is not None and head.identity is not None:
+            return head.identity
+        # a seed without its record, or none of the usual devices held one (blkid looks)
+        return await asyncio.to_thread(identity.read_seed)
 
     async def check(self) -> identity.SeedIdentity | None:
         """The seed's identity when it is new (or never read), else None; reads the seed only
@@ -38,10 +47,11 @@ class SeedWatcher:
         if self._fresh is not None:
             fresh, self._fresh = self._fresh, None
             return fresh
-        fp = await self._fingerprint()
+        head = await self._head()
+        fp = head.fingerprint if head is not None else None
         if self._read_once and fp == self.fingerprint:
             return None
-        seed = await asyncio.to_thread(identity.read_seed)
+        seed = await self._identity(head)
         if seed is None:
             return None  # not readable yet (mid media change): look again next time
         self.fingerprint = fp
@@ -55,10 +65,11 @@ class SeedWatcher:
         `check()`, set `changed` and call `notify()`."""
         while True:
             await asyncio.sleep(SEED_POLL_SECONDS)
-            fp = await self._fingerprint()
-            if fp is None or fp == self.fingerprint:
+            head = await self._head()
+            if head is None or head.fingerprint == self.fingerprint:
                 continue
-            seed = await asyncio.to_thread(identity.read_seed)
+            fp = head.fingerprint
+            seed = await self._identity(head)
             if seed is None:
                 continue  # the new medium is not readable yet: look again on the next tick
             self.fingerprint = fp

@@ -320,6 +320,8 @@ class Provisioner:
             meta_data=render_meta_data(req.instance_id, hostname),
             network_config=render_network_config("static" if req.egress.restricted else "dhcp"),
             extra={IDENTITY_FILE: json.dumps(identity, indent=2) + "\n"},
+            # the same, where a restored guest's agent reads it without a mount (a hand-off)
+            front=json.dumps(identity, separators=(",", ":")).encode(),
         )
 
     @staticmethod

@@ -1,6 +1,8 @@
 """The cloud-init NoCloud seed: user-data, meta-data and network-config on an ISO9660 image with
 volume id `cidata`, written in Python with pycdlib (Rock Ridge + Joliet, so the lower-case names
-cloud-init looks for are there)."""
+cloud-init looks for are there). `SeedFiles.front` goes into the image's system area (its first
+32 KiB, which ISO9660 readers skip) as a record the guest's agent reads without mounting
+(`agentic_sandbox/proto/seed_record.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pycdlib
+
+from agentic_sandbox.proto import seed_record
 
 VOLUME_ID = "cidata"
 
@@ -21,6 +25,7 @@ class SeedFiles:
     network_config: str | None = None
     vendor_data: str | None = None
     extra: dict[str, str] = field(default_factory=dict)  # more files (cloud-init ignores them)
+    front: bytes = b""  # a payload for the system-area record (`seed_record`), when not empty
 
     def files(self) -> dict[str, bytes]:
         out = {"user-data": self.user_data.encode(), "meta-data": self.meta_data.encode()}
@@ -43,6 +48,7 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
     """Write the seed atomically (temp file + rename), mode 0600 in a 0700 folder: it holds a
     one-time enrollment token. (The fleet copies it beside the instance's disk, where libvirt
     hands it to QEMU.)"""
+    front = seed_record.pack(seed.front) if seed.front else b""
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=VOLUME_ID)
     try:
@@ -61,12 +67,21 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)
             iso.write_fp(f)
+            if front:  # pycdlib leaves the system area zero (no El Torito, no hybrid MBR)
+                f.seek(0)
+                f.write(front)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         iso.close()
     return path
+
+
+def read_seed_front(path: Path) -> bytes | None:
+    """The system-area record's payload of a seed ISO, or None (for tests and diagnostics)."""
+    with open(path, "rb") as f:
+        return seed_record.unpack(f.read(seed_record.SYSTEM_AREA))
 
 
 def read_seed_iso(path: Path) -> dict[str, bytes]:

@@ -58,7 +58,7 @@ async def test_a_new_seed_replaces_the_identity(
         p.write_text("old")
     refreshed: list[str] = []
     monkeypatch.setattr(identity, "read_seed", lambda: seed("web-7"))
-    monkeypatch.setattr(identity, "seed_fingerprint", lambda: b"fp")
+    monkeypatch.setattr(identity, "read_seed_head", lambda: identity.SeedHead(b"fp", None))
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)  # not this host's
     monkeypatch.setattr(
         identity, "refresh_guest_identity", lambda s, **kw: refreshed.append(s.hostname)
@@ -149,9 +149,10 @@ def test_seed_identity_parses_the_provisioners_file() -> None:
 async def test_a_seed_change_is_read_once_by_the_watcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The watcher notices the new seed and the identity switch uses what it read: inside an
-    emulated guest every extra mount costs a hand-off time. An unchanged seed is never mounted
-    again (the agent checks it before every reconnect)."""
+    """A seed without the system-area record (an older server's): the watcher notices the new
+    seed and the identity switch uses what it read: inside an emulated guest every extra mount
+    costs a hand-off time. An unchanged seed is never mounted again (the agent checks it before
+    every reconnect)."""
     from agentic_sandbox.agent import seedwatch
 
     rt = runtime(tmp_path)
@@ -164,7 +165,7 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
 
     monkeypatch.setattr(seedwatch, "SEED_POLL_SECONDS", 0.01)
     monkeypatch.setattr(identity, "read_seed", read)
-    monkeypatch.setattr(identity, "seed_fingerprint", lambda: fingerprint[0])
+    monkeypatch.setattr(identity, "read_seed_head", lambda: identity.SeedHead(fingerprint[0], None))
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
     monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
     assert await rt.adopt_seed_identity() is False  # our own seed
@@ -183,5 +184,104 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
         assert await rt.adopt_seed_identity() is True
         assert rt.cfg.instance_id == "web-9"
         assert reads == ["read", "read"]  # the switch did not mount the seed again
+    finally:
+        watcher.cancel()
+
+
+def _seed_json(instance_id: str) -> dict[str, object]:
+    return {
+        "instance_id": instance_id,
+        "server": "10.0.2.2:9120",
+        "gateway": "10.0.2.2:9124",
+        "enrollment_token": "sbe_new",
+        "ca_pem": "new-ca",
+        "issued_at": 5.0,
+    }
+
+
+def test_the_provisioners_seed_carries_its_identity_in_the_system_area(tmp_path: Path) -> None:
+    """The ISO the provisioner writes (pycdlib) holds the identity record in its first 32 KiB,
+    the agent's one 64 KiB read finds it, and the ISO is still the same seed to any ISO 9660
+    reader (cloud-init's files by their names, the volume id)."""
+    import json
+
+    from agentic_sandbox.provision import SeedFiles, read_seed_iso, write_seed_iso
+
+    payload = json.dumps(_seed_json("web-3")).encode()
+    iso = write_seed_iso(
+        tmp_path / "seed.iso",
+        SeedFiles(user_data="#cloud-config\n", meta_data="instance-id: web-3\n", front=payload),
+    )
+    head = identity.parse_head(iso.read_bytes()[: identity.HEAD_BYTES])
+    assert head.identity is not None and head.identity.instance_id == "web-3"
+    assert head.identity.enrollment_token == "sbe_new" and head.identity.issued_at == 5.0
+    files = read_seed_iso(iso)
+    assert files["user-data"] == b"#cloud-config\n" and files[".volume_id"] == b"cidata"
+    # another seed, another fingerprint; the same bytes, the same fingerprint
+    other = write_seed_iso(
+        tmp_path / "other.iso",
+        SeedFiles(
+            user_data="#cloud-config\n",
+            meta_data="instance-id: web-3\n",
+            front=json.dumps(_seed_json("web-4")).encode(),
+        ),
+    )
+    again = identity.parse_head(iso.read_bytes()[: identity.HEAD_BYTES])
+    assert again.fingerprint == head.fingerprint
+    assert identity.parse_head(other.read_bytes()[: identity.HEAD_BYTES]).fingerprint != (
+        head.fingerprint
+    )
+
+
+def test_a_damaged_or_missing_record_is_no_identity() -> None:
+    import json
+
+    from agentic_sandbox.proto import seed_record
+
+    good = seed_record.pack(json.dumps(_seed_json("web-5")).encode())
+    assert identity.parse_head(good + bytes(100)).identity is not None
+    flipped = bytearray(good)
+    flipped[-3] ^= 1
+    assert identity.parse_head(bytes(flipped)).identity is None  # digest mismatch
+    assert identity.parse_head(good[:-10]).identity is None  # cut short
+    assert identity.parse_head(bytes(65536)).identity is None  # an older seed: zeros
+    not_json = seed_record.pack(b"[1, 2]")
+    assert identity.parse_head(not_json).identity is None
+    with pytest.raises(seed_record.RecordTooLarge):
+        seed_record.pack(bytes(seed_record.MAX_PAYLOAD + 1))
+
+
+async def test_a_seed_with_its_record_is_never_mounted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hand-off's read: the watcher takes the new identity from the seed's head, and
+    neither it nor the switch mounts the seed."""
+    import json
+
+    from agentic_sandbox.agent import seedwatch
+    from agentic_sandbox.proto import seed_record
+
+    rt = runtime(tmp_path)
+    heads = [identity.parse_head(seed_record.pack(json.dumps(_seed_json("golden-1")).encode()))]
+
+    def mount() -> identity.SeedIdentity:
+        raise AssertionError("the seed was mounted")
+
+    monkeypatch.setattr(seedwatch, "SEED_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(identity, "read_seed", mount)
+    monkeypatch.setattr(identity, "read_seed_head", lambda: heads[0])
+    monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
+    monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
+    assert await rt.adopt_seed_identity() is False  # our own seed
+    notified = asyncio.Event()
+    watcher = asyncio.create_task(
+        rt.seeds.watch(lambda s: s.instance_id == rt.cfg.instance_id, notified.set)
+    )
+    try:
+        heads[0] = identity.parse_head(seed_record.pack(json.dumps(_seed_json("web-6")).encode()))
+        await asyncio.wait_for(notified.wait(), 5)
+        assert await rt.adopt_seed_identity() is True
+        assert rt.cfg.instance_id == "web-6"
+        assert (tmp_path / "token").read_text() == "sbe_new"
     finally:
         watcher.cancel()
