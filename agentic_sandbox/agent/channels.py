@@ -8,10 +8,18 @@ guest link gateway: it dials the names `link.agentic-sandbox.invalid` and
 support), so every connection it makes starts with a request the gateway can tell apart from
 whatever was in the pipe before. Environment proxies (`http_proxy`, set in `allowlist` guests
 for tools) never apply to the link.
+
+Before each such connection the agent syncs the pipe (`sync_forward`): what the host sent while
+the guest had no connection open (the gateway's reset of a re-made pipe — a warm-pool member is
+restored paused, so it gets one before its agent ever connects — or the end of a connection the
+agent already left) would otherwise be the first bytes the next connection reads, and fail its
+proxy handshake. One short request and answer through the gateway, with no upstream.
 """
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from typing import Any, Literal
 
 import grpc
@@ -61,3 +69,52 @@ def open_channel(
     return grpc.aio.secure_channel(
         target, creds.channel_credentials(client_cert=service == "link"), options=options
     )
+
+
+async def connect_channel(
+    cfg: AgentConfig, creds: Credentials, service: Service, control: ControlAddress
+) -> grpc.aio.Channel:
+    """`open_channel`, after syncing the guest forward when there is one (see the module)."""
+    channel = open_channel(cfg, creds, service, control)  # a missing CA is named before
+    if cfg.gateway:
+        await sync_forward(cfg.gateway)
+    return channel
+
+
+SYNC_TIMEOUT = 5.0
+SYNC_LIMIT = 256 * 1024  # stale bytes dropped at most before the answer
+
+
+async def sync_forward(gateway: str) -> bool:
+    """Drop whatever waits in the guest forward (`HOST:PORT` of the gateway) for the next
+    connection: ask the gateway for a sync and read up to its answer, which echoes a fresh
+    nonce. False when it did not answer so (an older gateway refuses the name with a 403;
+    the connection that follows is then made as before)."""
+    host, _, port = gateway.rpartition(":")
+    nonce = secrets.token_hex(8).encode()
+    marker = b"\r\nsandbox-sync: " + nonce + b"\r\n"
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(SYNC_TIMEOUT):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            writer.write(
+                b"CONNECT sync.agentic-sandbox.invalid:0 HTTP/1.1\r\n"
+                b"Host: sync.agentic-sandbox.invalid:0\r\nsandbox-sync: " + nonce + b"\r\n\r\n"
+            )
+            seen = bytearray()
+            while len(seen) < SYNC_LIMIT:
+                data = await reader.read(65536)
+                if not data:
+                    return False
+                seen += data
+                at = seen.find(marker)
+                if at >= 0 and seen.find(b"\r\n\r\n", at) >= 0:
+                    return True
+                if at < 0 and b"HTTP/1.1 403 " in seen:  # an older gateway: no sync there
+                    return False
+            return False
+    except (OSError, TimeoutError, ValueError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()

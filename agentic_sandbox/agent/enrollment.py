@@ -3,7 +3,10 @@
 Both make the agent's key and CSR with the `openssl` command (`pki`). Enrollment opens its own
 channel and closes it before the link is opened (a guest's forward carries one connection at a
 time); renewal travels on the live link's channel, or on a fresh one only while there is no
-link.
+link. A restored guest's key is made while it takes on its new identity (`keys`: started by the
+runtime as soon as the new seed is read) and the enrollment channel starts its handshake
+before the key is awaited: in an emulated guest each is a few hundred milliseconds of a
+hand-off.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import grpc
 
 from agentic_sandbox.agent import pki
-from agentic_sandbox.agent.channels import open_channel
+from agentic_sandbox.agent.channels import connect_channel
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress, leader_hint
 from agentic_sandbox.agent.credentials import Credentials, CredentialsMissing
@@ -51,15 +54,35 @@ def _until(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-async def enroll(cfg: AgentConfig, creds: Credentials, control: ControlAddress) -> None:
+def make_keys(instance_id: str) -> asyncio.Future[tuple[bytes, bytes]]:
+    """A key and CSR for `instance_id`, made in a thread (the openssl command)."""
+    return asyncio.ensure_future(asyncio.to_thread(pki.new_key_and_csr, instance_id))
+
+
+async def enroll(
+    cfg: AgentConfig,
+    creds: Credentials,
+    control: ControlAddress,
+    keys: asyncio.Future[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Enroll with the seed's one-time token. `keys`: a key and CSR already being made for
+    this instance (see `make_keys`), else one is made here."""
     token = cfg.token()
     if not token:
         raise EnrollmentFailed("not enrolled and no enrollment token (set enrollment_token_file)")
     try:
-        key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
-        channel = open_channel(cfg, creds, "enroll", control)
-    except (pki.PkiError, CredentialsMissing) as exc:
+        channel = await connect_channel(cfg, creds, "enroll", control)
+    except CredentialsMissing as exc:
         raise EnrollmentFailed(str(exc)) from None
+    channel.get_state(try_to_connect=True)  # the handshake goes on while the key is made
+    try:
+        key, csr = await (keys if keys is not None else make_keys(cfg.instance_id))
+    except pki.PkiError as exc:
+        await channel.close()
+        raise EnrollmentFailed(str(exc)) from None
+    except BaseException:
+        await channel.close()
+        raise
     try:
         resp = await pb_grpc.AgentLinkStub(channel).Enroll(
             pb.EnrollRequest(instance_id=cfg.instance_id, token=token, csr_pem=csr),
@@ -92,7 +115,7 @@ async def renew(
     `control`."""
     key, csr = await asyncio.to_thread(pki.new_key_and_csr, cfg.instance_id)
     own = channel is None
-    use = open_channel(cfg, creds, "link", control) if channel is None else channel
+    use = await connect_channel(cfg, creds, "link", control) if channel is None else channel
     try:
         resp = await pb_grpc.AgentLinkStub(use).Renew(
             pb.RenewRequest(csr_pem=csr), timeout=RPC_TIMEOUT

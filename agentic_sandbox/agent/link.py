@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import grpc
 
 from agentic_sandbox.agent import enrollment
-from agentic_sandbox.agent.channels import open_channel
+from agentic_sandbox.agent.channels import connect_channel
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
@@ -74,7 +74,7 @@ class Link:
     async def run(self, on_up: Any = None) -> None:
         """Connect, register, and serve the connection until it ends (returns on a clean end,
         raises on a failure)."""
-        channel = self.channel = open_channel(self.cfg, self.creds, "link", self.control)
+        channel = self.channel = await connect_channel(self.cfg, self.creds, "link", self.control)
         tasks: list[asyncio.Task[None]] = []
         try:
             call = self.call = pb_grpc.AgentLinkStub(channel).Connect()

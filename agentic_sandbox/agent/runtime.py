@@ -41,7 +41,7 @@ from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig, default_enroll
 from agentic_sandbox.agent.controls import Controls, leader_hint
 from agentic_sandbox.agent.credentials import Credentials
-from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, renew
+from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, make_keys, renew
 from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
@@ -57,6 +57,7 @@ from agentic_sandbox.proto import agent_pb2 as pb
 log = logging.getLogger("agent")
 
 UNREACHABLE_BACKOFF = 1.0  # the longest wait between tries while the server does not answer
+SSH_KEYS_IN_PAUSES_OF = 5.0  # seconds: a backoff at least this long makes due SSH host keys
 SIGNAL_NAMES = {
     pb.SIGNAL_INT: "INT",
     pb.SIGNAL_TERM: "TERM",
@@ -118,6 +119,7 @@ class AgentRuntime:
         self.handing_over = False  # a planned restart: leave the sessions to the keeper
         self.wake_event = asyncio.Event()
         self.seeds = SeedWatcher()
+        self._keys: asyncio.Future[tuple[bytes, bytes]] | None = None  # a restored guest's
         self.link: Link | None = None
         self._seed_changed = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
@@ -439,6 +441,11 @@ class AgentRuntime:
         self.sessions.clear()
         self.outbox.clear()
         self.creds.forget()
+        # the new instance's key, made while the guest takes on its identity (never ahead:
+        # a key made before the save would be every clone's)
+        if self._keys is not None:
+            self._keys.cancel()
+        self._keys = make_keys(seed.instance_id)
         await asyncio.to_thread(identity.refresh_guest_identity, seed, ssh_keys=False)
         # SSH host keys take a while under emulation and do not gate the link: made in the
         # background once the link is up (or the agent waits anyway), not competing with the
@@ -497,8 +504,11 @@ class AgentRuntime:
     # ================================================================= the loop
     async def _pause(self, delay: float) -> None:
         """Back off for `delay` seconds, or until a new seed arrives (a warm-pool hand-off
-        must not wait out a long backoff)."""
-        self._refresh_ssh_keys_if_due()
+        must not wait out a long backoff). A long pause makes the SSH host keys that are due
+        (a short one does not: in a one-vCPU emulated guest they take seconds of CPU, which
+        the retry that follows would wait for)."""
+        if delay >= SSH_KEYS_IN_PAUSES_OF:
+            self._refresh_ssh_keys_if_due()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await self._seed_changed.wait()
@@ -508,8 +518,11 @@ class AgentRuntime:
         backoff = Backoff(self.cfg.initial_backoff, self.cfg.max_backoff)
         while not self.creds.enrolled():
             at = self.controls.current.enroll
+            if self._keys is not None and self._keys.done() and self._keys.exception():
+                self._keys = None  # its failure was reported: the next try makes another
             try:
-                await enroll(self.cfg, self.creds, self.controls.current)
+                await enroll(self.cfg, self.creds, self.controls.current, self._keys)
+                self._keys = None
             except EnrollmentFailed as exc:
                 if self.controls.failed(exc.leader):  # another control host, at once
                     log.warning("%s (at %s); trying %s", exc, at, self.controls.current.enroll)
@@ -608,16 +621,23 @@ class AgentRuntime:
                 finally:
                     self.link = None
                     self.streams.link_lost()
-                if self.seeds.changed.is_set():
-                    self.seeds.changed.clear()
-                elif not self.cfg.gateway and self.controls.failed(hint):
+                changed = self.seeds.changed.is_set()
+                self.seeds.changed.clear()
+                # A restored guest (a clone, a hand-off) learns it from the link that broke:
+                # its seed says at once who it is now, with no backoff first; and it never
+                # reconnects under an identity its seed no longer names.
+                if await self.adopt_seed_identity():
+                    await self._enroll_until_done()
+                    continue
+                if changed:
+                    continue  # dropped for a new seed that named this instance after all
+                if not self.cfg.gateway and self.controls.failed(hint):
                     log.info("trying control host %s", self.controls.current.link)
                 else:
                     delay = self.backoff.delay(cap)
                     log.info("reconnecting in %.2fs", delay)
                     await self._pause(delay)
-                # never reconnect under an identity the seed no longer names
-                if await self.adopt_seed_identity():
+                if await self.adopt_seed_identity():  # a new seed during the backoff
                     await self._enroll_until_done()
         finally:
             if watcher is not None:

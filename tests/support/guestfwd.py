@@ -1,8 +1,9 @@
 """A stand-in for a QEMU guest forward, for tests on the host: what the agent dials as its
 gateway, carried to the server over ONE persistent connection (as slirp's `guestfwd` does with
 its chardev): every agent connection in turn rides the same pipe, bytes from the server go to
-the newest agent connection, and when the pipe breaks it is made again after a second
-(`reconnect=1`), whatever the agent's connections are doing.
+the newest agent connection — and while none is open they wait for the next one (slirp reads
+the chardev only into a guest connection) — and when the pipe breaks it is made again after a
+second (`reconnect=1`), whatever the agent's connections are doing.
 
     fwd = GuestForward(server.guest_link_target).start()    # its own thread and loop
     agent = AgentProcess(..., extra_args=["--gateway", fwd.address])
@@ -24,6 +25,7 @@ class GuestForward:
         self.server: asyncio.Server | None = None
         self.pipe: asyncio.StreamWriter | None = None
         self.guests: list[asyncio.StreamWriter] = []
+        self.held = bytearray()  # from the pipe while no guest connection was open
         self.pipes_made = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -70,15 +72,21 @@ class GuestForward:
             self.pipes_made += 1
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await reader.read(65536):
-                    if self.guests:  # slirp: to the (newest) guest connection, if any
+                    if self.guests:  # slirp: to the (newest) guest connection
                         self.guests[-1].write(data)
+                    else:  # ... or, with none open, to the next one
+                        self.held += data
             self.pipe = None
+            self.held.clear()  # a new pipe: what the old one held is gone with it
             writer.close()
             if not self._stopping:
                 await asyncio.sleep(self.reconnect)
 
     async def _guest(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.guests.append(writer)
+        if self.held:
+            writer.write(bytes(self.held))
+            self.held.clear()
         try:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await reader.read(65536):

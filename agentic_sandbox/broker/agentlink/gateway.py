@@ -17,6 +17,14 @@ dropped. When QEMU (re)connects a pipe, the gateway first sends an HTTP 503 down
 so a guest connection that was open across a restore or a server restart — mid-TLS or still
 waiting for its CONNECT's answer — fails at once instead of waiting for a timeout.
 
+What the host sends down a pipe while the guest has no connection open waits for the guest's
+next one (QEMU reads the pipe only into a guest connection): a `RESET` sent to a member of a
+warm pool restored paused, or a reply to a connection the guest already closed, is the first
+thing its next connection reads. So before each connection the agent *syncs* the pipe: a
+`CONNECT sync.agentic-sandbox.invalid` carrying a nonce (`SYNC_HEADER`), which the gateway
+answers at once, without an upstream, echoing the nonce; the agent reads and drops everything
+up to that answer, and its next connection starts clean (`agent/channels.py`).
+
 Bytes pass through once in each direction (an asyncio protocol pair, flow-controlled both
 ways); the only per-chunk work on the hot path is one `bytes.find` for the next `CONNECT`.
 The pipe is exclusive to the agent: the seed's guest firewall lets only root open the forward.
@@ -35,7 +43,9 @@ log = logging.getLogger(__name__)
 
 MARKER = b"CONNECT "
 NAME_SUFFIX = b".agentic-sandbox.invalid"
-SERVICES = ("link", "enroll")
+SERVICES = ("link", "enroll", "sync")
+SYNC_HEADER = b"sandbox-sync"  # the nonce a sync request carries and its answer echoes
+SYNC_NONCE_MAX = 64
 #: What a (re)made pipe sends first, and what a guest connection gets when its upstream ends:
 #: a complete HTTP error response. It ends whatever guest connection was left in the pipe — a
 #: pending CONNECT reads a 503 (an HTTP parser waits for a line end, so a bare TLS alert would
@@ -57,8 +67,14 @@ class Upstreams:
         return self.link if service == "link" else self.enroll
 
 
-def parse_connect(request: bytes) -> str | None:
-    """The service a complete CONNECT request asks for (`link`/`enroll`), else None."""
+@dataclass(frozen=True)
+class ConnectRequest:
+    service: str  # one of SERVICES
+    nonce: bytes = b""  # a sync request's SYNC_HEADER
+
+
+def parse_connect(request: bytes) -> ConnectRequest | None:
+    """The service a complete CONNECT request asks for (`link`/`enroll`/`sync`), else None."""
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(request)
     try:
@@ -71,7 +87,18 @@ def parse_connect(request: bytes) -> str | None:
     if not host.endswith(NAME_SUFFIX):
         return None
     service = host[: -len(NAME_SUFFIX)].decode("ascii", "replace")
-    return service if service in SERVICES else None
+    if service not in SERVICES:
+        return None
+    nonce = b""
+    if service == "sync":
+        nonce = next((v for k, v in event.headers if k == SYNC_HEADER), b"")
+        if not nonce or len(nonce) > SYNC_NONCE_MAX or not nonce.isalnum():
+            return None
+    return ConnectRequest(service, nonce)
+
+
+def sync_answer(nonce: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\n" + SYNC_HEADER + b": " + nonce + b"\r\ncontent-length: 0\r\n\r\n"
 
 
 class _Upstream(asyncio.Protocol):
@@ -194,14 +221,20 @@ class GuestPipe(asyncio.Protocol):
             return
         request, rest = bytes(self.buf[: end + 4]), self.buf[end + 4 :]
         self.buf = bytearray(rest)
-        service = parse_connect(request)
-        if service is None:
+        req = parse_connect(request)
+        if req is None:
             self.gateway.metrics_refused += 1
             if self.transport is not None:
                 self.transport.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
             self._scan()
             return
-        self._open(service)
+        if req.service == "sync":  # everything before this answer is the guest's to drop
+            self.gateway.metrics_syncs += 1
+            if self.transport is not None:
+                self.transport.write(sync_answer(req.nonce))
+            self._scan()
+            return
+        self._open(req.service)
 
     def _open(self, service: str) -> None:
         up = _Upstream(self)
@@ -263,6 +296,7 @@ class LinkGateway:
         self.metrics_connections = 0  # guest connections passed on
         self.metrics_restarts = 0  # new connections found mid-pipe
         self.metrics_refused = 0
+        self.metrics_syncs = 0  # pipes a guest agent synced before a connection
 
     async def start(self, hosts: list[str], port: int) -> int:
         """Listen on every one of ``hosts`` at one port (``port``, or the first one bound when

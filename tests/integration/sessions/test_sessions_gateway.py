@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from agentic_sandbox.broker.agentlink.gateway import RESET
 from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
 from tests.support.fixtures import ServerFactory
 from tests.support.guestfwd import GuestForward
@@ -72,6 +73,38 @@ async def test_an_agent_behind_a_guest_forward_enrolls_connects_and_survives_a_r
             if "link failed" in line and _ts(line) >= remade_at
         ]
         assert failures and "silent for" not in failures[0], failures
+        agent.stop()
+    finally:
+        fwd.stop()
+
+
+async def test_what_waits_in_the_pipe_never_reaches_the_agents_next_connection(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """A warm-pool member is restored paused: QEMU makes its pipe while the guest has no
+    connection open, and the gateway's reset waits in it for the guest's next connection
+    (slirp reads the pipe only into one). The agent syncs the pipe before it connects, so its
+    enrollment and its link succeed at the first try."""
+    server = server_factory()
+    fwd = GuestForward(server.guest_link_target).start()
+    iid = "pool-like"
+    try:
+        register_host_instance(server, iid)
+        deadline = time.monotonic() + 10
+        while bytes(fwd.held) != RESET:  # the pipe is made, its reset waits
+            assert time.monotonic() < deadline, fwd.held
+            time.sleep(0.01)
+        agent = AgentProcess(
+            server,
+            iid,
+            tmp_path / "agent",
+            enrollment_token=enrollment_token(server, iid),
+            extra_args=["--gateway", fwd.address],
+        ).start()
+        agent.wait_connected()
+        log = agent.log_text()
+        assert "enrollment failed" not in log and "link failed" not in log, log
+        assert "HTTP proxy returned response code" not in log, log
         agent.stop()
     finally:
         fwd.stop()

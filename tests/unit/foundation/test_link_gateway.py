@@ -12,6 +12,7 @@ import pytest
 from agentic_sandbox.broker.agentlink.gateway import (
     ESTABLISHED,
     RESET,
+    ConnectRequest,
     GatewayBindError,
     LinkGateway,
     Upstreams,
@@ -161,8 +162,13 @@ async def test_a_listener_that_is_down_answers_503(
 
 
 def test_connect_requests_are_parsed_by_h11() -> None:
-    assert parse_connect(LINK) == "link"
-    assert parse_connect(ENROLL) == "enroll"
+    assert parse_connect(LINK) == ConnectRequest("link")
+    assert parse_connect(ENROLL) == ConnectRequest("enroll")
+    sync = b"CONNECT sync.agentic-sandbox.invalid:0 HTTP/1.1\r\nHost: x\r\nsandbox-sync: %s\r\n\r\n"
+    assert parse_connect(sync % b"ab12") == ConnectRequest("sync", b"ab12")
+    assert parse_connect(sync % b"") is None  # a sync names its nonce
+    assert parse_connect(sync % b"a\x01b") is None  # letters and digits only
+    assert parse_connect(sync % (b"a" * 65)) is None
     assert parse_connect(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") is None
     assert (
         parse_connect(b"CONNECT evil.agentic-sandbox.invalid:1 HTTP/1.1\r\nHost: x\r\n\r\n") is None
@@ -204,3 +210,47 @@ async def test_an_address_that_cannot_be_bound_is_named_and_nothing_stays_open()
             await asyncio.open_connection("127.0.0.1", port)
     finally:
         taken.close()
+
+
+async def test_a_sync_drops_what_waited_in_the_pipe_for_the_next_connection(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    """The agent's sync (`agent/channels.py` `sync_forward`) through a guest forward whose
+    pipe was made while no guest connection was open: the gateway's reset waits in it, the
+    sync reads it and the gateway's answer, and the next connection starts clean."""
+    from agentic_sandbox.agent.channels import sync_forward
+    from tests.support.guestfwd import GuestForward
+
+    gw, port, _link, _enroll = gateway
+    fwd = GuestForward(f"127.0.0.1:{port}").start()
+    try:
+        await _until(lambda: bytes(fwd.held) == RESET, "the reset waits in the pipe")
+        assert await sync_forward(fwd.address) is True
+        assert gw.metrics_syncs == 1 and not fwd.held
+        reader, writer = await asyncio.open_connection(*fwd.address.split(":"))
+        writer.write(LINK + b"ok")
+        await _read_exactly(reader, ESTABLISHED)  # not the reset: it was the sync's
+        await _read_exactly(reader, b"link:ok")
+        writer.close()
+    finally:
+        await asyncio.to_thread(fwd.stop)
+
+
+async def test_a_sync_gives_up_on_a_gateway_that_does_not_know_it() -> None:
+    """An older server's gateway refuses the sync name with a 403: the agent goes on at once."""
+    from agentic_sandbox.agent.channels import sync_forward
+
+    async def old_gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(old_gateway, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        async with asyncio.timeout(2):  # not the sync's 5 s deadline
+            assert await sync_forward(f"127.0.0.1:{port}") is False
+    finally:
+        server.close()
