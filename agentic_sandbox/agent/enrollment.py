@@ -70,6 +70,7 @@ async def enroll(
     token = cfg.token()
     if not token:
         raise EnrollmentFailed("not enrolled and no enrollment token (set enrollment_token_file)")
+    started = time.monotonic()
     try:
         channel = await connect_channel(cfg, creds, "enroll", control)
     except CredentialsMissing as exc:
@@ -83,6 +84,7 @@ async def enroll(
     except BaseException:
         await channel.close()
         raise
+    keyed = time.monotonic()
     try:
         resp = await pb_grpc.AgentLinkStub(channel).Enroll(
             pb.EnrollRequest(instance_id=cfg.instance_id, token=token, csr_pem=csr),
@@ -97,10 +99,16 @@ async def enroll(
         ) from None
     finally:
         await channel.close()
+    answered = time.monotonic()
     creds.store(key, resp.certificate_pem, resp.ca_pem, resp.not_after_unix)
     log.info(
-        "enrolled as instance %s; certificate valid until %s",
+        "enrolled as instance %s in %.0f ms (key %.0f, Enroll %.0f, stored %.0f); certificate "
+        "valid until %s",
         cfg.instance_id,
+        (time.monotonic() - started) * 1000,
+        (keyed - started) * 1000,
+        (answered - keyed) * 1000,
+        (time.monotonic() - answered) * 1000,
         _until(resp.not_after_unix),
     )
 

@@ -13,6 +13,7 @@ Only the standard library: this runs inside the guest.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -47,6 +48,7 @@ class SeedIdentity:
     ca_pem: str
     enrollment_token: str
     issued_at: float
+    entropy: bytes = b""  # random bytes made on the host for this incarnation (`entropy.py`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeedIdentity:
@@ -60,7 +62,18 @@ class SeedIdentity:
             ca_pem=str(data.get("ca_pem", "")),
             enrollment_token=str(data.get("enrollment_token", "")),
             issued_at=float(data.get("issued_at", 0)),
+            entropy=_entropy(data.get("entropy")),
         )
+
+
+def _entropy(value: Any) -> bytes:
+    """The seed's `entropy` (base64), or nothing when it is missing or not base64."""
+    if not isinstance(value, str) or len(value) > 1024:
+        return b""
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        return b""
 
 
 def _run(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

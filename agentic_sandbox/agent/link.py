@@ -62,6 +62,7 @@ class Link:
         self.call: Any = None
         self.up = False
         self.batches = False  # the server takes batches (its RegisterAck said so)
+        self.connect_seconds = 0.0  # channel, handshake and registration of the last connect
 
     def silence_limit(self) -> float:
         """A link that says nothing for this long is dead (the server acks every heartbeat)."""
@@ -74,6 +75,7 @@ class Link:
     async def run(self, on_up: Any = None) -> None:
         """Connect, register, and serve the connection until it ends (returns on a clean end,
         raises on a failure)."""
+        started = time.monotonic()
         channel = self.channel = await connect_channel(self.cfg, self.creds, "link", self.control)
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -88,6 +90,7 @@ class Link:
                 raise ConnectionError("the server did not acknowledge the registration")
             self.batches = first.register_ack.batches
             self.owner.on_registered(first.register_ack)
+            self.connect_seconds = time.monotonic() - started
             self.up = True
             if on_up is not None:
                 on_up(self)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import grpc
 
-from agentic_sandbox.agent import cgroups, egress_trust, files, identity, pki, upgrade
+from agentic_sandbox.agent import cgroups, egress_trust, entropy, files, identity, pki, upgrade
 from agentic_sandbox.agent import egress as agent_egress
 from agentic_sandbox.agent.config import AgentConfig, default_enroll
 from agentic_sandbox.agent.controls import Controls, leader_hint
@@ -441,6 +441,9 @@ class AgentRuntime:
         self.sessions.clear()
         self.outbox.clear()
         self.creds.forget()
+        # first the kernel's random generator, which the save left as every clone's: the key,
+        # machine-id and SSH host keys below draw from it (entropy.py)
+        self._reseed(seed)
         # the new instance's key, made while the guest takes on its identity (never ahead:
         # a key made before the save would be every clone's)
         if self._keys is not None:
@@ -455,6 +458,18 @@ class AgentRuntime:
             identity.step_clock(seed.issued_at, tolerance=0.0)
         self._take_on(seed)
         return True
+
+    @staticmethod
+    def _reseed(seed: identity.SeedIdentity) -> None:
+        if not seed.entropy:
+            log.warning("the new seed carries no entropy: the kernel reseeds on its own later")
+            return
+        try:
+            entropy.reseed_kernel_rng(seed.entropy)
+        except (OSError, ValueError) as exc:
+            log.error("cannot reseed the kernel's random generator: %s", exc)
+        else:
+            log.info("kernel random generator reseeded from the seed")
 
     def _take_on(self, seed: identity.SeedIdentity) -> None:
         cfg = self.cfg
@@ -547,9 +562,10 @@ class AgentRuntime:
         self.controls.succeeded()
         self._refresh_ssh_keys_if_due()
         log.info(
-            "connected to %s as instance %s (%d sessions)",
+            "connected to %s as instance %s in %.0f ms (%d sessions)",
             self.cfg.gateway or link.control.link,
             self.cfg.instance_id,
+            link.connect_seconds * 1000,
             len(self.sessions),
         )
 

@@ -14,7 +14,9 @@ identity from their new seed, which the in-guest agent reads when it notices it 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,6 +306,8 @@ class Provisioner:
             "enrollment_token": bootstrap.enrollment_token,
             "ca_pem": bootstrap.ca_pem,
             "issued_at": time.time(),
+            # a restored guest reseeds its kernel's random generator with these (agent/entropy.py)
+            "entropy": base64.b64encode(secrets.token_bytes(32)).decode(),
         }
         return SeedFiles(
             user_data=render_user_data(

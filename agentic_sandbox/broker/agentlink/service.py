@@ -235,6 +235,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self, request: pb.EnrollRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EnrollResponse:
         peer = context.peer()
+        started = time.monotonic()
         try:
             issued = await self._enrollment.enroll(
                 request.instance_id, request.token, bytes(request.csr_pem)
@@ -268,10 +269,12 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             owner=owner,
             data={"serial": issued.serial, "not_after": issued.not_after.isoformat(), "peer": peer},
         )
+        ms = round((time.monotonic() - started) * 1000, 1)
         log.info(
-            "agent %s enrolled",
+            "agent %s enrolled in %.1f ms",
             issued.instance_id,
-            extra={"instance_id": issued.instance_id, "serial": issued.serial},
+            ms,
+            extra={"instance_id": issued.instance_id, "serial": issued.serial, "ms": ms},
         )
         return pb.EnrollResponse(
             certificate_pem=issued.pem,

@@ -196,6 +196,11 @@ def test_memory_snapshot_clone_has_its_own_identity(server: ServerProcess, cold:
     agents = {a["instance_id"]: a for a in server.ok("GET", "/api/v2/admin/agents")["items"]}
     assert agents[COLD]["state"] == agents[CLONE]["state"] == "connected"
     assert agents[COLD].get("certificate_serial") != agents[CLONE].get("certificate_serial")
+    # the clone's kernel took the seed's entropy and reseeded before any of that was made
+    # (the agent logs to the console; the source's kernel did not need to)
+    console = server.ok("GET", f"/api/v2/admin/instances/{CLONE}/console?tail=200000")["text"]
+    assert "kernel random generator reseeded from the seed" in console, console[-3000:]
+    assert "cannot reseed" not in console
 
 
 def test_killed_agent_is_restarted_by_systemd_and_comes_back(
@@ -365,6 +370,9 @@ def test_warm_pool_hand_off(server: ServerProcess, image: dict[str, Any]) -> Non
     print(f"warm-pool create to agent ready: {elapsed:.1f}s: {op['stages']}")
     ident = guest_identity(server, pooled)
     assert ident["HOST"] == pooled
+    # every member of a pool wakes with the golden's random generator: reseeded at the hand-off
+    console = server.ok("GET", f"/api/v2/admin/instances/{pooled}/console?tail=200000")["text"]
+    assert "kernel random generator reseeded from the seed" in console, console[-3000:]
     # the pool goes while an instance taken from it still runs: its golden memory image goes
     # at once, the frozen disk the instance runs on stays until that instance is deleted
     server.ok("DELETE", f"/api/v2/admin/pools/{key}")
