@@ -27,6 +27,7 @@ import grpc
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress
 from agentic_sandbox.agent.credentials import Credentials
+from agentic_sandbox.proto import SYNC_HEADER, SYNC_HOST
 
 Service = Literal["link", "enroll"]
 GATEWAY_NAMES: dict[Service, str] = {
@@ -92,14 +93,14 @@ async def sync_forward(gateway: str) -> bool:
     the connection that follows is then made as before)."""
     host, _, port = gateway.rpartition(":")
     nonce = secrets.token_hex(8).encode()
-    marker = b"\r\nsandbox-sync: " + nonce + b"\r\n"
+    marker = b"\r\n" + SYNC_HEADER + b": " + nonce + b"\r\n"
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(SYNC_TIMEOUT):
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
             writer.write(
-                b"CONNECT sync.agentic-sandbox.invalid:0 HTTP/1.1\r\n"
-                b"Host: sync.agentic-sandbox.invalid:0\r\nsandbox-sync: " + nonce + b"\r\n\r\n"
+                b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n"
+                % (SYNC_HOST, SYNC_HOST, SYNC_HEADER, nonce)
             )
             seen = bytearray()
             while len(seen) < SYNC_LIMIT:

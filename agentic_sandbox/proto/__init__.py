@@ -15,6 +15,10 @@ say they take batches (`Register.batches`, `RegisterAck.batches`); neither sends
 `LEADER_METADATA` is the trailing-metadata key of a follower's answer (several control hosts,
 one leads): a follower refuses `Enroll`, `Renew` and `Connect` with `UNAVAILABLE` and names the
 leader as `"<node> <agent-link address>"` under this key, so an agent dials the leader next.
+
+`SYNC_HOST` and `SYNC_HEADER` are the guest forward's sync (see `broker/agentlink/gateway.py`
+and `agent/channels.py`): a `CONNECT` to `SYNC_HOST` carrying a nonce under `SYNC_HEADER`, which
+the gateway answers at once with the nonce echoed, so the agent can drop what waited before it.
 """
 
 from collections.abc import Callable
@@ -25,6 +29,8 @@ from google.protobuf.message import Message
 M = TypeVar("M", bound=Message)
 
 LEADER_METADATA = "sandbox-leader"
+SYNC_HOST = b"sync.agentic-sandbox.invalid:0"
+SYNC_HEADER = b"sandbox-sync"
 
 PROTOCOL = 1
 PROTOCOLS = (1, 1)  # what a server speaks: (oldest, newest)

@@ -78,12 +78,6 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
     return path
 
 
-def read_seed_front(path: Path) -> bytes | None:
-    """The system-area record's payload of a seed ISO, or None (for tests and diagnostics)."""
-    with open(path, "rb") as f:
-        return seed_record.unpack(f.read(seed_record.SYSTEM_AREA))
-
-
 def read_seed_iso(path: Path) -> dict[str, bytes]:
     """The files of a seed ISO by their Rock Ridge names (for tests and diagnostics)."""
     iso = pycdlib.PyCdlib()

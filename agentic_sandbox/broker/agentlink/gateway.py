@@ -39,12 +39,13 @@ from typing import cast
 
 import h11
 
+from agentic_sandbox.proto import SYNC_HEADER
+
 log = logging.getLogger(__name__)
 
 MARKER = b"CONNECT "
 NAME_SUFFIX = b".agentic-sandbox.invalid"
 SERVICES = ("link", "enroll", "sync")
-SYNC_HEADER = b"sandbox-sync"  # the nonce a sync request carries and its answer echoes
 SYNC_NONCE_MAX = 64
 #: What a (re)made pipe sends first, and what a guest connection gets when its upstream ends:
 #: a complete HTTP error response. It ends whatever guest connection was left in the pipe — a

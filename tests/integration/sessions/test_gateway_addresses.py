@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
+from tests.support.agents import start_agent
 from tests.support.fixtures import ServerFactory
 from tests.support.guestfwd import GuestForward
 from tests.support.ptyclient import PtyClient
@@ -46,15 +46,7 @@ async def test_an_agent_reaches_the_server_through_a_gateway_address_beside_loop
     fwd = GuestForward(f"{OTHER}:{server.guest_port}").start()
     iid = "via-other"
     try:
-        register_host_instance(server, iid)
-        agent = AgentProcess(
-            server,
-            iid,
-            tmp_path / "agent",
-            enrollment_token=enrollment_token(server, iid),
-            extra_args=["--gateway", fwd.address],
-        ).start()
-        agent.wait_connected()
+        agent = start_agent(server, iid, tmp_path, extra_args=["--gateway", fwd.address])
         sid = create_session(server, iid, SHELL)
         async with await PtyClient.connect(
             server.ws_url, sid, server.admin_token, role="control"

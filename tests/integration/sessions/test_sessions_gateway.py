@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from agentic_sandbox.broker.agentlink.gateway import RESET
-from tests.support.agents import AgentProcess, enrollment_token, register_host_instance
+from tests.support.agents import register_host_instance, start_agent
 from tests.support.fixtures import ServerFactory
 from tests.support.guestfwd import GuestForward
 from tests.support.ptyclient import PtyClient
@@ -32,15 +32,8 @@ async def test_an_agent_behind_a_guest_forward_enrolls_connects_and_survives_a_r
     fwd = GuestForward(server.guest_link_target).start()
     iid = "through-fwd"
     try:
-        register_host_instance(server, iid)
-        agent = AgentProcess(
-            server,
-            iid,
-            tmp_path / "agent",
-            enrollment_token=enrollment_token(server, iid),
-            extra_args=["--gateway", fwd.address],
-        ).start()
-        agent.wait_connected()  # enrollment and the link, one after the other, on one pipe
+        # enrollment and the link, one after the other, on one pipe
+        agent = start_agent(server, iid, tmp_path, extra_args=["--gateway", fwd.address])
         sid = create_session(server, iid, SHELL)
         async with await PtyClient.connect(
             server.ws_url, sid, server.admin_token, role="control"
@@ -94,14 +87,9 @@ async def test_what_waits_in_the_pipe_never_reaches_the_agents_next_connection(
         while bytes(fwd.held) != RESET:  # the pipe is made, its reset waits
             assert time.monotonic() < deadline, fwd.held
             time.sleep(0.01)
-        agent = AgentProcess(
-            server,
-            iid,
-            tmp_path / "agent",
-            enrollment_token=enrollment_token(server, iid),
-            extra_args=["--gateway", fwd.address],
-        ).start()
-        agent.wait_connected()
+        agent = start_agent(
+            server, iid, tmp_path, register=False, extra_args=["--gateway", fwd.address]
+        )
         log = agent.log_text()
         assert "enrollment failed" not in log and "link failed" not in log, log
         assert "HTTP proxy returned response code" not in log, log
