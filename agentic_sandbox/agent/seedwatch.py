@@ -30,9 +30,10 @@ class SeedWatcher:
         self._read_once = False
         self.changed = asyncio.Event()  # a seed naming another instance arrived
 
-    @staticmethod
-    async def _head() -> identity.SeedHead | None:
-        return await asyncio.to_thread(identity.read_seed_head)
+    async def _head(self) -> identity.SeedHead | None:
+        """The seed's head; its record is parsed only when it is not the seed already read."""
+        known = self.fingerprint if self._read_once else None
+        return await asyncio.to_thread(identity.read_seed_head, known)
 
     @staticmethod
     async def _identity(head: identity.SeedHead | None) -> identity.SeedIdentity | None:

@@ -120,7 +120,9 @@ async def test_the_switch_reseeds_before_the_key_and_the_machine_id(
     new = seed("web-8")
     new = identity.SeedIdentity(**{**new.__dict__, "entropy": b"e" * 32})
     monkeypatch.setattr(identity, "read_seed", lambda: new)
-    monkeypatch.setattr(identity, "read_seed_head", lambda: identity.SeedHead(b"fp", None))
+    monkeypatch.setattr(
+        identity, "read_seed_head", lambda known=None: identity.SeedHead(b"fp", None)
+    )
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
     monkeypatch.setattr(entropy, "reseed_kernel_rng", lambda data: order.append(f"reseed {data!r}"))
 

@@ -58,7 +58,9 @@ async def test_a_new_seed_replaces_the_identity(
         p.write_text("old")
     refreshed: list[str] = []
     monkeypatch.setattr(identity, "read_seed", lambda: seed("web-7"))
-    monkeypatch.setattr(identity, "read_seed_head", lambda: identity.SeedHead(b"fp", None))
+    monkeypatch.setattr(
+        identity, "read_seed_head", lambda known=None: identity.SeedHead(b"fp", None)
+    )
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)  # not this host's
     monkeypatch.setattr(
         identity, "refresh_guest_identity", lambda s, **kw: refreshed.append(s.hostname)
@@ -165,7 +167,9 @@ async def test_a_seed_change_is_read_once_by_the_watcher(
 
     monkeypatch.setattr(seedwatch, "SEED_POLL_SECONDS", 0.01)
     monkeypatch.setattr(identity, "read_seed", read)
-    monkeypatch.setattr(identity, "read_seed_head", lambda: identity.SeedHead(fingerprint[0], None))
+    monkeypatch.setattr(
+        identity, "read_seed_head", lambda known=None: identity.SeedHead(fingerprint[0], None)
+    )
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
     monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
     assert await rt.adopt_seed_identity() is False  # our own seed
@@ -269,7 +273,7 @@ async def test_a_seed_with_its_record_is_never_mounted(
 
     monkeypatch.setattr(seedwatch, "SEED_POLL_SECONDS", 0.01)
     monkeypatch.setattr(identity, "read_seed", mount)
-    monkeypatch.setattr(identity, "read_seed_head", lambda: heads[0])
+    monkeypatch.setattr(identity, "read_seed_head", lambda known=None: heads[0])
     monkeypatch.setattr(identity, "unlock_cdrom_trays", lambda: None)
     monkeypatch.setattr(identity, "refresh_guest_identity", lambda s, **kw: None)
     assert await rt.adopt_seed_identity() is False  # our own seed
@@ -285,3 +289,23 @@ async def test_a_seed_with_its_record_is_never_mounted(
         assert (tmp_path / "token").read_text() == "sbe_new"
     finally:
         watcher.cancel()
+
+
+def test_the_seed_already_read_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher reads the head four times a second: only a new fingerprint parses the
+    record (an emulated guest's idle CPU)."""
+    import json
+
+    from agentic_sandbox.proto import seed_record
+
+    head = seed_record.pack(json.dumps(_seed_json("web-7")).encode()) + bytes(100)
+    first = identity.parse_head(head)
+    assert first.identity is not None and first.identity.instance_id == "web-7"
+    unpacked: list[bytes] = []
+    real = seed_record.unpack
+    monkeypatch.setattr(seed_record, "unpack", lambda b: unpacked.append(b) or real(b))
+    again = identity.parse_head(head, known=first.fingerprint)
+    assert again.fingerprint == first.fingerprint and again.identity is None
+    assert unpacked == []
+    assert identity.parse_head(head, known=b"another seed").identity is not None
+    assert len(unpacked) == 1
