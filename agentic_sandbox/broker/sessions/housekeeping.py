@@ -92,12 +92,10 @@ class Housekeeping:
 
     async def refresh_secrets(self) -> None:
         """Secrets bound or changed after a session started are redacted from then on."""
-        instances = {sess.instance_id for sess in self._table if not sess.ended}
-        for instance_id in instances:
+        for instance_id in self._table.live_instances():
             values = (await self._secrets_of(instance_id)).values()
-            for sess in self._table.all():
-                if sess.instance_id == instance_id and not sess.ended:
-                    self._output.set_secrets(sess, values)
+            for sess in self._table.live_of_instance(instance_id):
+                self._output.set_secrets(sess, values)
 
     def _evict(self, sess: HubSession) -> None:
         sess.close_recording()
