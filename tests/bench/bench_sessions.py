@@ -667,6 +667,9 @@ def rss_target(links: int) -> int:
     return 500 if links <= 1000 else 1024
 
 
+MAX_CONNECT_ATTEMPTS = 20  # a simulated agent's connects, at most
+
+
 async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
     import grpc
     from cryptography import x509
@@ -744,44 +747,66 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         registered = 0
         heartbeats = 0
 
+        retries = 0
+        dropped = 0
+
         async def agent(inst: str) -> None:
-            nonlocal registered, heartbeats
+            """One simulated agent: connects, registers, heartbeats until `stop`. Like the real
+            agent it connects again (after a pause) when its link fails before registering: a
+            burst of thousands of handshakes in this one client process can hold a Register
+            past the server's 10 s wait, and the server then refuses the link."""
+            nonlocal registered, heartbeats, retries, dropped
             key_pem, cert_pem = identities[inst]
             c = grpc.ssl_channel_credentials(
                 root_certificates=ca, private_key=key_pem, certificate_chain=cert_pem
             )
-            async with grpc.aio.secure_channel(server.grpc_target, c, options=opts) as ch:
-                call = pb_grpc.AgentLinkStub(ch).Connect()
-                await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
-                ack = await call.read()
-                interval = ack.register_ack.heartbeat_interval_ms / 1000.0
-                registered += 1
+            acked = False
+            for attempt in range(MAX_CONNECT_ATTEMPTS):
+                if attempt:
+                    retries += 1
+                    await asyncio.sleep(0.5 + (hash((inst, attempt)) % 1000) / 1000.0)
+                try:
+                    async with grpc.aio.secure_channel(server.grpc_target, c, options=opts) as ch:
+                        call = pb_grpc.AgentLinkStub(ch).Connect()
+                        await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
+                        ack = await call.read()
+                        if ack is grpc.aio.EOF:
+                            continue
+                        interval = ack.register_ack.heartbeat_interval_ms / 1000.0
+                        registered += 1
+                        acked = True
 
-                async def drain() -> None:
-                    while await call.read() is not grpc.aio.EOF:
-                        pass
+                        async def drain(call: Any) -> None:
+                            while await call.read() is not grpc.aio.EOF:
+                                pass
 
-                reader = asyncio.create_task(drain())
-                await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
-                while not stop.is_set():
-                    await call.write(
-                        pb.AgentMessage(
-                            heartbeat=pb.Heartbeat(
-                                time_unix_ms=int(time.time() * 1000),
-                                cpu_percent=1.0,
-                                memory_used_bytes=1 << 28,
-                                memory_total_bytes=1 << 29,
-                                disk_used_bytes=1 << 30,
-                                disk_total_bytes=1 << 32,
-                                load1=0.1,
+                        reader = asyncio.create_task(drain(call))
+                        await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
+                        while not stop.is_set():
+                            await call.write(
+                                pb.AgentMessage(
+                                    heartbeat=pb.Heartbeat(
+                                        time_unix_ms=int(time.time() * 1000),
+                                        cpu_percent=1.0,
+                                        memory_used_bytes=1 << 28,
+                                        memory_total_bytes=1 << 29,
+                                        disk_used_bytes=1 << 30,
+                                        disk_total_bytes=1 << 32,
+                                        load1=0.1,
+                                    )
+                                )
                             )
-                        )
-                    )
-                    heartbeats += 1
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), interval)
-                reader.cancel()
-                call.cancel()
+                            heartbeats += 1
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(stop.wait(), interval)
+                        reader.cancel()
+                        call.cancel()
+                        return
+                except grpc.aio.AioRpcError:
+                    if acked:  # lost after it registered: counted, not retried
+                        dropped += 1
+                        registered -= 1
+                        return
 
         t_conn = time.perf_counter()
         agents = []
@@ -823,6 +848,8 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
             "connected_per_server": int(connected),
             "setup_seconds": round(setup_s, 1),
             "connect_seconds": round(connect_s, 1),
+            "connect_retries": retries,
+            "dropped_after_register": dropped,
             "heartbeat_interval_s": 5.0,
             "heartbeats_per_s": round((hb1 - hb0) / (w1 - w0), 1),
             "server_cpu_pct_of_core": round((c1 - c0) / (w1 - w0) * 100, 1),
@@ -1103,6 +1130,13 @@ def table() -> str:
                 f"{a['agents']} agent links: server CPU",
                 f"{a['server_cpu_pct_of_core']} % of a core",
                 "<= 20",
+            )
+        )
+        rows.append(
+            (
+                f"{a['agents']} agent links: registered",
+                f"{a['registered']} ({a.get('connect_retries', 0)} connects retried)",
+                f"heartbeats {a['heartbeats_per_s']}/s",
             )
         )
     if rows:
