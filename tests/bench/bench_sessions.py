@@ -750,63 +750,72 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         retries = 0
         dropped = 0
 
-        async def agent(inst: str) -> None:
-            """One simulated agent: connects, registers, heartbeats until `stop`. Like the real
-            agent it connects again (after a pause) when its link fails before registering: a
-            burst of thousands of handshakes in this one client process can hold a Register
-            past the server's 10 s wait, and the server then refuses the link."""
-            nonlocal registered, heartbeats, retries, dropped
+        async def register(inst: str) -> tuple[Any, Any, float] | None:
+            """Connect and register as the agent `inst`: (channel, call, heartbeat interval).
+            Like the real agent it connects again (backing off) when the link fails before
+            the answer: a burst of thousands of handshakes in this one client process can hold
+            a Register past the server's 10 s wait, and the server then refuses the link."""
+            nonlocal retries
             key_pem, cert_pem = identities[inst]
             c = grpc.ssl_channel_credentials(
                 root_certificates=ca, private_key=key_pem, certificate_chain=cert_pem
             )
-            acked = False
             for attempt in range(MAX_CONNECT_ATTEMPTS):
                 if attempt:
                     retries += 1
-                    await asyncio.sleep(0.5 + (hash((inst, attempt)) % 1000) / 1000.0)
+                    jitter = 0.5 + (hash((inst, attempt)) % 1000) / 1000.0
+                    await asyncio.sleep(min(5.0, 0.5 * 1.6**attempt) * jitter)  # backs off
+                ch = grpc.aio.secure_channel(server.grpc_target, c, options=opts)
                 try:
-                    async with grpc.aio.secure_channel(server.grpc_target, c, options=opts) as ch:
-                        call = pb_grpc.AgentLinkStub(ch).Connect()
-                        await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
-                        ack = await call.read()
-                        if ack is grpc.aio.EOF:
-                            continue
-                        interval = ack.register_ack.heartbeat_interval_ms / 1000.0
-                        registered += 1
-                        acked = True
-
-                        async def drain(call: Any) -> None:
-                            while await call.read() is not grpc.aio.EOF:
-                                pass
-
-                        reader = asyncio.create_task(drain(call))
-                        await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
-                        while not stop.is_set():
-                            await call.write(
-                                pb.AgentMessage(
-                                    heartbeat=pb.Heartbeat(
-                                        time_unix_ms=int(time.time() * 1000),
-                                        cpu_percent=1.0,
-                                        memory_used_bytes=1 << 28,
-                                        memory_total_bytes=1 << 29,
-                                        disk_used_bytes=1 << 30,
-                                        disk_total_bytes=1 << 32,
-                                        load1=0.1,
-                                    )
-                                )
-                            )
-                            heartbeats += 1
-                            with contextlib.suppress(TimeoutError):
-                                await asyncio.wait_for(stop.wait(), interval)
-                        reader.cancel()
-                        call.cancel()
-                        return
+                    call = pb_grpc.AgentLinkStub(ch).Connect()
+                    await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
+                    ack = await call.read()
+                    if ack is not grpc.aio.EOF:
+                        return ch, call, ack.register_ack.heartbeat_interval_ms / 1000.0
                 except grpc.aio.AioRpcError:
-                    if acked:  # lost after it registered: counted, not retried
-                        dropped += 1
-                        registered -= 1
-                        return
+                    pass
+                await ch.close()
+            return None
+
+        async def drain(call: Any) -> None:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+
+        async def agent(inst: str) -> None:
+            """One simulated agent: registers, then heartbeats until `stop`."""
+            nonlocal registered, heartbeats, dropped
+            linked = await register(inst)
+            if linked is None:
+                return
+            ch, call, interval = linked
+            registered += 1
+            reader = asyncio.create_task(drain(call))
+            try:
+                await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
+                while not stop.is_set():
+                    await call.write(
+                        pb.AgentMessage(
+                            heartbeat=pb.Heartbeat(
+                                time_unix_ms=int(time.time() * 1000),
+                                cpu_percent=1.0,
+                                memory_used_bytes=1 << 28,
+                                memory_total_bytes=1 << 29,
+                                disk_used_bytes=1 << 30,
+                                disk_total_bytes=1 << 32,
+                                load1=0.1,
+                            )
+                        )
+                    )
+                    heartbeats += 1
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), interval)
+            except grpc.aio.AioRpcError:  # lost after it registered: counted, not retried
+                dropped += 1
+                registered -= 1
+            finally:
+                reader.cancel()
+                call.cancel()
+                await ch.close()
 
         t_conn = time.perf_counter()
         agents = []
