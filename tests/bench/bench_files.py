@@ -268,7 +268,14 @@ def in_guest(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
     """The same measures into a real `isolated` TCG guest (cold boot of the test image, built
     into the test cache when missing); CPU is the server's and QEMU's (the guest's agent runs
     inside QEMU) and this client's."""
-    from tests.support.e2e import NAME_PREFIX, RECIPE, domains_named, libvirt_server, wait_op
+    from tests.support.e2e import (
+        NAME_PREFIX,
+        RECIPE,
+        domains_named,
+        libvirt_server,
+        provision,
+        wait_op,
+    )
 
     iid = f"{NAME_PREFIX}bench-files"
     with libvirt_server("sbx-bench-files-", SANDBOX_PROVISION_READY_TIMEOUT_SECONDS="900") as srv:
@@ -276,8 +283,7 @@ def in_guest(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
             op = wait_op(srv, srv.ok("POST", "/api/v2/admin/images", {"recipe": RECIPE}), 1800)
             if op["state"] != "succeeded":
                 raise SystemExit(f"image build failed: {op.get('error')}")
-            body = {"id": iid, "image": RECIPE, "loadout": "minimal"}
-            op = wait_op(srv, srv.ok("POST", "/api/v2/admin/instances", body), 1000)
+            op = provision(srv, {"id": iid, "image": RECIPE, "loadout": "minimal"}, 1000)
             if op["state"] != "succeeded":
                 raise SystemExit(f"create failed: {op.get('error')} {op.get('stages')}")
             inst = srv.ok("GET", f"/api/v2/admin/instances/{iid}")
