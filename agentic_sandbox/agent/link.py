@@ -3,9 +3,11 @@
 The agent's first message is `register` with its session inventory; the server answers with
 where each session's output resumes and which sessions to end. Then three tasks share the
 connection: the sender (queued messages first, then session output as each session's flow
-allows), heartbeats (the server acknowledges each; a link silent for three intervals is dead —
-a restored clone notices at once that its old connection leads nowhere), and renewal of the
-certificate on this connection's channel. The reader dispatches what the server sends.
+allows), heartbeats (a link silent for three intervals is dead — a restored clone notices that
+its old connection leads nowhere — so a heartbeat asks for an answer when nothing has been heard
+for one and a half, and on a new link's first: on an idle link the server answers every second
+one), and renewal of the certificate on this connection's channel. The reader dispatches what
+the server sends.
 
 `LinkOwner` is what the link needs of the agent (the runtime implements it).
 """
@@ -47,7 +49,7 @@ class LinkOwner(Protocol):
 
     def next_message(self, now: float) -> tuple[pb.AgentMessage | None, float | None]: ...
 
-    def queue_heartbeat(self) -> None: ...
+    def queue_heartbeat(self, ask: bool) -> None: ...
 
 
 class Link:
@@ -63,10 +65,16 @@ class Link:
         self.up = False
         self.batches = False  # the server takes batches (its RegisterAck said so)
         self.connect_seconds = 0.0  # channel, handshake and registration of the last connect
+        self.heard_at = 0.0  # loop time of the server's last message on this connection
 
     def silence_limit(self) -> float:
-        """A link that says nothing for this long is dead (the server acks every heartbeat)."""
+        """A link that says nothing for this long is dead (a heartbeat asks for an answer after
+        `ask_after()` of silence)."""
         return max(3 * self.owner.heartbeat_interval, 5.0)
+
+    def ask_after(self) -> float:
+        """A heartbeat asks for an answer when the server has been silent this long."""
+        return 1.5 * self.owner.heartbeat_interval
 
     def cancel(self) -> None:
         if self.call is not None:
@@ -89,6 +97,7 @@ class Link:
             if first is grpc.aio.EOF or first.WhichOneof("body") != "register_ack":
                 raise ConnectionError("the server did not acknowledge the registration")
             self.batches = first.register_ack.batches
+            self.heard_at = asyncio.get_running_loop().time()
             self.owner.on_registered(first.register_ack)
             self.connect_seconds = time.monotonic() - started
             self.up = True
@@ -105,7 +114,8 @@ class Link:
                 async with asyncio.timeout(limit) as silence:
                     while True:
                         msg = await call.read()
-                        silence.reschedule(loop.time() + limit)
+                        self.heard_at = now = loop.time()
+                        silence.reschedule(now + limit)
                         if msg is grpc.aio.EOF:
                             return
                         if msg.WhichOneof("body") == "batch":
@@ -168,9 +178,12 @@ class Link:
         )
 
     async def _heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        ask = True  # the first: a restored guest steps its clock at once
         while True:
-            self.owner.queue_heartbeat()
+            self.owner.queue_heartbeat(ask)
             await asyncio.sleep(self.owner.heartbeat_interval)
+            ask = loop.time() - self.heard_at >= self.ask_after()
 
     async def _renewals(self) -> None:
         """Renew on this connection's channel when a third of the certificate's life is left

@@ -344,6 +344,7 @@ class AgentRuntime:
             budgets=self.cgroups.support(),
             protocol=PROTOCOL,
             batches=True,
+            acks_when_asked=True,
         )
 
     def on_registered(self, ack: pb.RegisterAck) -> None:
@@ -398,10 +399,14 @@ class AgentRuntime:
             return chunk, None
         return None, wait
 
-    def queue_heartbeat(self) -> None:
+    def queue_heartbeat(self, ask: bool) -> None:
         s = self.sysinfo.sample()
-        # At most one heartbeat waits in the outbox: a slow link gets the newest one.
+        # a bundle on trial is kept once a heartbeat is answered: ask until one is
+        ask = ask or (self.keeper is not None and not self._said_healthy)
+        # At most one heartbeat waits in the outbox: a slow link gets the newest one (asking
+        # when the one it replaces asked).
         for queued in [m for m in self.outbox if m.WhichOneof("body") == "heartbeat"]:
+            ask = ask or queued.heartbeat.want_ack
             self.outbox.remove(queued)
         self.outbox.append(
             pb.AgentMessage(
@@ -416,6 +421,7 @@ class AgentRuntime:
                     load5=s.load5,
                     load15=s.load15,
                     sessions=sum(1 for x in self.sessions.values() if not x.finished),
+                    want_ack=ask,
                 )
             )
         )

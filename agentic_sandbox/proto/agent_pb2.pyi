@@ -278,6 +278,7 @@ class Register(_message.Message):
     AGENT_BUNDLE_FIELD_NUMBER: _builtins.int
     BUNDLE_PROBLEM_FIELD_NUMBER: _builtins.int
     BATCHES_FIELD_NUMBER: _builtins.int
+    ACKS_WHEN_ASKED_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -301,6 +302,10 @@ class Register(_message.Message):
     batches: _builtins.bool
     """The agent reads `ServerMessage.batch` and may send `AgentMessage.batch` once the server
     answers `RegisterAck.batches` (an addition within protocol 1: an older peer ignores it).
+    """
+    acks_when_asked: _builtins.bool
+    """The agent asks for the heartbeats it needs answered (`Heartbeat.want_ack`) and the server
+    answers only those; without it (an older agent) the server answers every heartbeat.
     """
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
@@ -328,10 +333,11 @@ class Register(_message.Message):
         agent_bundle: _builtins.str = ...,
         bundle_problem: _builtins.str = ...,
         batches: _builtins.bool = ...,
+        acks_when_asked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "batches", b"batches", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks_when_asked", b"acks_when_asked", "agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "batches", b"batches", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -484,6 +490,7 @@ class Heartbeat(_message.Message):
     LOAD5_FIELD_NUMBER: _builtins.int
     LOAD15_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    WANT_ACK_FIELD_NUMBER: _builtins.int
     time_unix_ms: _builtins.int
     cpu_percent: _builtins.float
     """whole machine, all cores = 100"""
@@ -495,6 +502,8 @@ class Heartbeat(_message.Message):
     load5: _builtins.float
     load15: _builtins.float
     sessions: _builtins.int
+    want_ack: _builtins.bool
+    """answer this one (see Register.acks_when_asked)"""
     def __init__(
         self,
         *,
@@ -508,10 +517,11 @@ class Heartbeat(_message.Message):
         load5: _builtins.float = ...,
         load15: _builtins.float = ...,
         sessions: _builtins.int = ...,
+        want_ack: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "disk_total_bytes", b"disk_total_bytes", "disk_used_bytes", b"disk_used_bytes", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "sessions", b"sessions", "time_unix_ms", b"time_unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "disk_total_bytes", b"disk_total_bytes", "disk_used_bytes", b"disk_used_bytes", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "sessions", b"sessions", "time_unix_ms", b"time_unix_ms", "want_ack", b"want_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -685,8 +695,12 @@ Global___ServerBatch: _TypeAlias = ServerBatch  # noqa: Y015
 
 @_typing.final
 class HeartbeatAck(_message.Message):
-    """The server answers every heartbeat: the agent treats a silent link as dead (a restored clone
-    notices at once that its old connection leads nowhere) and steps its clock to the server's.
+    """The server answers a heartbeat that asks (`want_ack`), or every heartbeat of an agent that does
+    not say `Register.acks_when_asked`. The agent treats a link silent for three heartbeat intervals
+    as dead (a restored clone notices that its old connection leads nowhere), so it asks whenever it
+    has heard nothing for one and a half: on an idle link that is every second heartbeat. It also
+    asks on a new link's first heartbeat and while a bundle is on trial, and steps its clock to the
+    answer's time.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

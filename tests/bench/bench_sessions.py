@@ -22,7 +22,8 @@ Server only:
   redacted           a flood with a secret bound to the instance: text lines that hold a
                      secret's prefix and the whole secret (redaction on the output path)
   redactor           the redactor alone, in this process
-  agents             1000 simulated agents with heartbeats: server RSS <= 500 MiB, CPU <= 20 %
+  agents             1000 simulated agents with heartbeats (the real agent's channel settings and
+                     its rule for asking answers): server RSS <= 500 MiB, CPU <= 20 %
                      (``--links 5000``: RSS <= 1 GiB, CPU <= 20 %)
 """
 
@@ -677,6 +678,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    from agentic_sandbox.agent.channels import CHANNEL_OPTIONS
     from agentic_sandbox.proto import agent_pb2 as pb
     from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
@@ -746,7 +748,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         stop = asyncio.Event()
         registered = 0
         heartbeats = 0
-
+        answers = 0  # heartbeat answers heard
         retries = 0
         dropped = 0
 
@@ -765,10 +767,17 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                     retries += 1
                     jitter = 0.5 + (hash((inst, attempt)) % 1000) / 1000.0
                     await asyncio.sleep(min(5.0, 0.5 * 1.6**attempt) * jitter)  # backs off
-                ch = grpc.aio.secure_channel(server.grpc_target, c, options=opts)
+                # the agent's own channel settings (its keepalive pings among them)
+                ch = grpc.aio.secure_channel(server.grpc_target, c, options=link_opts)
                 try:
                     call = pb_grpc.AgentLinkStub(ch).Connect()
-                    await call.write(pb.AgentMessage(register=pb.Register(instance_id=inst)))
+                    await call.write(
+                        pb.AgentMessage(
+                            register=pb.Register(
+                                instance_id=inst, batches=True, acks_when_asked=True
+                            )
+                        )
+                    )
                     ack = await call.read()
                     if ack is not grpc.aio.EOF:
                         return ch, call, ack.register_ack.heartbeat_interval_ms / 1000.0
@@ -777,9 +786,14 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                 await ch.close()
             return None
 
-        async def drain(call: Any) -> None:
-            while await call.read() is not grpc.aio.EOF:
-                pass
+        link_opts = [*CHANNEL_OPTIONS, *opts]
+
+        async def drain(call: Any, heard: list[float]) -> None:
+            nonlocal answers
+            loop = asyncio.get_running_loop()
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                heard[0] = loop.time()
+                answers += msg.WhichOneof("body") == "heartbeat_ack"
 
         async def agent(inst: str) -> None:
             """One simulated agent: registers, then heartbeats until `stop`."""
@@ -789,7 +803,10 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                 return
             ch, call, interval = linked
             registered += 1
-            reader = asyncio.create_task(drain(call))
+            loop = asyncio.get_running_loop()
+            heard = [loop.time()]
+            reader = asyncio.create_task(drain(call, heard))
+            ask = True  # as the real agent (agent/link.py): the first, then after 1.5 silent
             try:
                 await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
                 while not stop.is_set():
@@ -803,12 +820,14 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                                 disk_used_bytes=1 << 30,
                                 disk_total_bytes=1 << 32,
                                 load1=0.1,
+                                want_ack=ask,
                             )
                         )
                     )
                     heartbeats += 1
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), interval)
+                    ask = loop.time() - heard[0] >= 1.5 * interval
             except grpc.aio.AioRpcError:  # lost after it registered: counted, not retried
                 dropped += 1
                 registered -= 1
@@ -840,9 +859,9 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                         return int(line.split()[1]) / 1024
             return 0.0
 
-        hb0, c0, w0 = heartbeats, cpu(), time.perf_counter()
+        hb0, an0, c0, w0 = heartbeats, answers, cpu(), time.perf_counter()
         await asyncio.sleep(window)
-        c1, w1, hb1 = cpu(), time.perf_counter(), heartbeats
+        c1, w1, hb1, an1 = cpu(), time.perf_counter(), heartbeats, answers
         rss = rss_mib()
         _status, text = server.api("GET", "/metrics")
         connected = 0.0
@@ -861,6 +880,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
             "dropped_after_register": dropped,
             "heartbeat_interval_s": 5.0,
             "heartbeats_per_s": round((hb1 - hb0) / (w1 - w0), 1),
+            "answers_per_s": round((an1 - an0) / (w1 - w0), 1),
             "server_cpu_pct_of_core": round((c1 - c0) / (w1 - w0) * 100, 1),
             "server_rss_mib": round(rss, 1),
             "window_seconds": window,
@@ -1145,7 +1165,7 @@ def table() -> str:
             (
                 f"{a['agents']} agent links: registered",
                 f"{a['registered']} ({a.get('connect_retries', 0)} connects retried)",
-                f"heartbeats {a['heartbeats_per_s']}/s",
+                f"heartbeats {a['heartbeats_per_s']}/s, answered {a.get('answers_per_s', '?')}/s",
             )
         )
     if rows:

@@ -103,7 +103,9 @@ class CraftedAgent:
     async def sync(self, timeout: float = 30) -> None:
         """Until the server has handled every message sent before this call."""
         stamp = time.time_ns()
-        await self.send(pb.AgentMessage(heartbeat=pb.Heartbeat(time_unix_ms=stamp // 10**6)))
+        await self.send(
+            pb.AgentMessage(heartbeat=pb.Heartbeat(time_unix_ms=stamp // 10**6, want_ack=True))
+        )
         while True:
             msg = await self.read(timeout)
             if msg.WhichOneof("body") == "heartbeat_ack":

@@ -121,6 +121,7 @@ class AgentConnection:
     metrics_dirty: bool = False
     close_reason: str = ""
     batches: bool = False  # the agent takes batches (its Register said so): so does this link
+    acks_when_asked: bool = False  # answer only the heartbeats that ask (its Register said so)
 
     def __post_init__(self) -> None:
         self._out: deque[pb.ServerMessage] = deque()

@@ -142,6 +142,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             kind: metrics.grpc_messages.labels("out", kind)
             for kind in (
                 "register_ack",
+                "heartbeat_ack",
                 "open",
                 "input",
                 "resize",
@@ -404,6 +405,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             outbox_limit=self._outbox_limit,
             stream_limit=self._stream_limit,
             batches=reg.batches,
+            acks_when_asked=reg.acks_when_asked,
             info=AgentInfo(
                 agent_version=reg.agent_version[:64],
                 hostname=reg.hostname[:255],
@@ -519,7 +521,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
         conn.metrics_dirty = True
         conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
-        conn.answer_heartbeat(int(time.time() * 1000))
+        if msg.heartbeat.want_ack or not conn.acks_when_asked:
+            conn.answer_heartbeat(int(time.time() * 1000))
 
     @staticmethod
     def _receive_stream(conn: AgentConnection, msg: pb.AgentMessage) -> None:
