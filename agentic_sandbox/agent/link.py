@@ -35,6 +35,7 @@ log = logging.getLogger("agent")
 
 CONNECT_TIMEOUT = 10.0  # to register and hear the server's answer
 DEFAULT_HEARTBEAT = 5.0
+ASK_AFTER_INTERVALS = 1.5  # a heartbeat asks for an answer after this many silent intervals
 
 
 class LinkOwner(Protocol):
@@ -74,7 +75,7 @@ class Link:
 
     def ask_after(self) -> float:
         """A heartbeat asks for an answer when the server has been silent this long."""
-        return 1.5 * self.owner.heartbeat_interval
+        return ASK_AFTER_INTERVALS * self.owner.heartbeat_interval
 
     def cancel(self) -> None:
         if self.call is not None:

@@ -679,6 +679,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
     from cryptography.x509.oid import NameOID
 
     from agentic_sandbox.agent.channels import CHANNEL_OPTIONS
+    from agentic_sandbox.agent.link import ASK_AFTER_INTERVALS
     from agentic_sandbox.proto import agent_pb2 as pb
     from agentic_sandbox.proto import agent_pb2_grpc as pb_grpc
 
@@ -806,7 +807,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
             loop = asyncio.get_running_loop()
             heard = [loop.time()]
             reader = asyncio.create_task(drain(call, heard))
-            ask = True  # as the real agent (agent/link.py): the first, then after 1.5 silent
+            ask = True  # as the real agent (agent/link.py): the first, then after silence
             try:
                 await asyncio.sleep(interval * (hash(inst) % 1000) / 1000.0)
                 while not stop.is_set():
@@ -827,7 +828,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
                     heartbeats += 1
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), interval)
-                    ask = loop.time() - heard[0] >= 1.5 * interval
+                    ask = loop.time() - heard[0] >= ASK_AFTER_INTERVALS * interval
             except grpc.aio.AioRpcError:  # lost after it registered: counted, not retried
                 dropped += 1
                 registered -= 1
