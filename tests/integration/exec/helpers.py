@@ -75,6 +75,14 @@ def agent_cgroups_of(agent_pid: int) -> list[Path]:
     return found
 
 
+def _procs(cgroup: Path) -> str:
+    """The cgroup's processes ("" when it was removed while we looked: it holds none)."""
+    try:
+        return (cgroup / "cgroup.procs").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _cleaned(agent_pid: int) -> bool:
     """Every cgroup of the agent's runs is gone: what is left are empty spares, at most
     `SPARES` of them (a run may have used a spare: its name says nothing of the run)."""
@@ -83,7 +91,7 @@ def _cleaned(agent_pid: int) -> bool:
     return (
         not run_cgroups_of(agent_pid)
         and len(spares) <= SPARES
-        and not any((p / "cgroup.procs").read_text().strip() for p in left)
+        and not any(_procs(p) for p in left)
     )
 
 
