@@ -89,9 +89,7 @@ def _cleaned(agent_pid: int) -> bool:
     left = agent_cgroups_of(agent_pid)
     spares = {p.name for p in left}
     return (
-        not run_cgroups_of(agent_pid)
-        and len(spares) <= SPARES
-        and not any(_procs(p) for p in left)
+        not run_cgroups_of(agent_pid) and len(spares) <= SPARES and not any(_procs(p) for p in left)
     )
 
 
