@@ -14,6 +14,10 @@ the guest had no connection open (the gateway's reset of a re-made pipe — a wa
 restored paused, so it gets one before its agent ever connects — or the end of a connection the
 agent already left) would otherwise be the first bytes the next connection reads, and fail its
 proxy handshake. One short request and answer through the gateway, with no upstream.
+
+When the guest's machine has the link's virtio-serial port, the agent's bridge to it
+(`serial_link.py`, a loopback listener that behaves as the forward does) is dialed instead of the
+forward (`AgentConfig.route`); everything above is the same through it.
 """
 
 from __future__ import annotations
@@ -56,8 +60,8 @@ def target_and_options(
     cfg: AgentConfig, service: Service, control: ControlAddress
 ) -> tuple[str, list[tuple[str, Any]]]:
     options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", cfg.server_name)]
-    if cfg.gateway:
-        options.append(("grpc.http_proxy", f"http://{cfg.gateway}"))
+    if cfg.route:
+        options.append(("grpc.http_proxy", f"http://{cfg.route}"))
         return GATEWAY_NAMES[service], options
     options.append(("grpc.enable_http_proxy", 0))
     return (control.link if service == "link" else control.enroll), options
@@ -77,8 +81,8 @@ async def connect_channel(
 ) -> grpc.aio.Channel:
     """`open_channel`, after syncing the guest forward when there is one (see the module)."""
     channel = open_channel(cfg, creds, service, control)  # a missing CA is named before
-    if cfg.gateway:
-        await sync_forward(cfg.gateway)
+    if cfg.route:
+        await sync_forward(cfg.route)
     return channel
 
 

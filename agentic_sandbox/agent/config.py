@@ -6,6 +6,8 @@ enroll_server = "127.0.0.1:8121"    # server-auth TLS listener for Enroll, one p
                                     # same order (default: each server's host, port 8121)
 gateway = "10.0.2.2:8124"           # in guests: the guest link gateway through the forward
                                     # (then server and enroll_server are not used)
+serial_port = "/dev/virtio-ports/org.agentic-sandbox.link"   # in guests: the same gateway over
+                                    # a virtio-serial port, used instead when the machine has it
 server_name = "agentic-sandbox-server"
 instance_id = "web-1"
 ca_cert = "/etc/agentic-sandbox/ca.crt"
@@ -29,6 +31,7 @@ INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 DEFAULT_SERVER = "10.0.2.2:8120"
 DEFAULT_SERVER_NAME = "agentic-sandbox-server"
 DEFAULT_ENROLL_PORT = 8121
+DEFAULT_SERIAL_PORT = "/dev/virtio-ports/org.agentic-sandbox.link"
 
 
 class ConfigError(Exception):
@@ -47,6 +50,12 @@ class AgentConfig:
     server: str = DEFAULT_SERVER
     enroll_server: str = ""
     gateway: str = ""  # HOST:PORT of the guest link gateway (guests); "" dials server directly
+    # the virtio-serial port to the same gateway (serial_link.py), preferred to the forward when
+    # the device exists; "" = the forward only
+    serial_port: str = DEFAULT_SERIAL_PORT
+    # set while the agent runs: the loopback address of its bridge to `serial_port` (not read
+    # from a file, never written to one)
+    bridge: str = field(default="", repr=False)
     server_name: str = DEFAULT_SERVER_NAME
     ca_cert: Path | None = None
     enrollment_token: str = field(default="", repr=False)
@@ -93,6 +102,8 @@ class AgentConfig:
                 f"enroll_server: one address per server ({len(_split(self.server))}), "
                 f"got {self.enroll_server!r}"
             )
+        if self.serial_port and not self.serial_port.startswith("/"):
+            raise ConfigError(f'serial_port: an absolute path or "", got {self.serial_port!r}')
         if self.egress_ca_file and not self.egress_ca_file.startswith("/"):
             raise ConfigError(f"egress_ca_file: an absolute path, got {self.egress_ca_file!r}")
         if self.egress_ca_bundle and not self.egress_ca_bundle.startswith("/"):
@@ -112,6 +123,11 @@ class AgentConfig:
         if self.log_format not in ("json", "text"):
             raise ConfigError("log_format: json or text")
         return self
+
+    @property
+    def route(self) -> str:
+        """HOST:PORT a guest's agent dials as its gateway: its port bridge, else the forward."""
+        return self.bridge or self.gateway
 
     def control_addresses(self) -> list[ControlAddress]:
         """Every control host's (link, enrollment) address, in the configured order."""
@@ -138,7 +154,7 @@ class AgentConfig:
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("config_path", "enrollment_token") or value is None or value == "":
+            if f.name in ("config_path", "enrollment_token", "bridge") or value in (None, ""):
                 continue
             if isinstance(value, bool):
                 lines.append(f"{f.name} = {'true' if value else 'false'}")
@@ -266,7 +282,7 @@ def load(args: argparse.Namespace) -> AgentConfig:
             raise ConfigError(f"cannot read {args.config}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{args.config} is not valid TOML: {exc}") from None
-        known = {f.name for f in fields(AgentConfig)} - {"config_path"}
+        known = {f.name for f in fields(AgentConfig)} - {"config_path", "bridge"}
         for key, value in data.items():
             if key not in known:
                 raise ConfigError(f"unknown setting {key!r} in {args.config}")

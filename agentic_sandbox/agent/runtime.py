@@ -48,6 +48,7 @@ from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
 from agentic_sandbox.agent.ports import PortRelay
 from agentic_sandbox.agent.seedwatch import SeedWatcher
+from agentic_sandbox.agent.serial_link import SerialBridge
 from agentic_sandbox.agent.session import BATCH_BYTES, PtySession, SpawnError
 from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamTable
 from agentic_sandbox.agent.sysinfo import SysInfo
@@ -124,7 +125,7 @@ class AgentRuntime:
         self._seed_changed = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
         self._ssh_keys_due = False  # new SSH host keys owed to a taken-on identity
-        self._guarded: str | None = None
+        self._guarded: tuple[str, ...] = ()
         self.cgroups = cgroups.Cgroups(problem="not detected yet")
         openers: dict[str, Opener] = {"exec": self._open_exec}
         openers.update(dict.fromkeys(files.KINDS, self._open_file))
@@ -513,14 +514,31 @@ class AgentRuntime:
             task.add_done_callback(self._background.discard)
 
     def _guard(self) -> None:
-        """Only root may open the guest's forward (a guest's agent runs as root)."""
-        if not self.cfg.seed_identity or not self.cfg.gateway or self._guarded == self.cfg.gateway:
+        """Only root may open the guest's forward, or the bridge to its port (a guest's agent
+        runs as root)."""
+        ways = tuple(a for a in (self.cfg.gateway, self.cfg.bridge) if a)
+        if not self.cfg.seed_identity or not ways or self._guarded == ways:
             return
-        problem = guard_forward(self.cfg.gateway)
+        problem = guard_forward(*ways)
         if problem is not None:
             log.error("%s", problem)
         else:
-            self._guarded = self.cfg.gateway
+            self._guarded = ways
+
+    async def _open_serial_bridge(self) -> SerialBridge | None:
+        """A guest whose machine has the link's virtio-serial port dials the gateway through
+        it (`serial_link.py`); otherwise through the forward."""
+        if not self.cfg.serial_port or not (self.cfg.gateway or self.cfg.seed_identity):
+            return None
+        bridge = await SerialBridge.open(self.cfg.serial_port)
+        if bridge is not None:
+            self.cfg.bridge = bridge.address
+            log.info(
+                "the link goes through the port %s (bridged at %s)",
+                self.cfg.serial_port,
+                bridge.address,
+            )
+        return bridge
 
     # ================================================================= the loop
     async def _pause(self, delay: float) -> None:
@@ -569,7 +587,7 @@ class AgentRuntime:
         self._refresh_ssh_keys_if_due()
         log.info(
             "connected to %s as instance %s in %.0f ms (%d sessions)",
-            self.cfg.gateway or link.control.link,
+            self.cfg.route or link.control.link,
             self.cfg.instance_id,
             link.connect_seconds * 1000,
             len(self.sessions),
@@ -596,6 +614,7 @@ class AgentRuntime:
             ", ".join(self.cgroups.budgets),
             f"; {self.cgroups.problem}" if self.cgroups.problem else "",
         )
+        bridge = await self._open_serial_bridge()
         self._guard()
         await self.adopt_seed_identity()
         egress = (
@@ -666,6 +685,9 @@ class AgentRuntime:
                 watcher.cancel()
             if egress is not None:
                 egress.close()
+            if bridge is not None:
+                bridge.close()
+                self.cfg.bridge = ""
             self.streams.link_lost()
             if self.handing_over:
                 log.info("handing %d sessions to the keeper", len(self.sessions))

@@ -25,6 +25,9 @@ _NAME_RE = re.compile(NAME_PATTERN)
 DOMAIN_PREFIX = "sbx-"
 AGENT_LINK_ADDRESS = "10.0.2.2"
 """Where a guest reaches the agent link (the server's gRPC port), under either egress policy."""
+# The virtio-serial port with the same host side as the forward (the guest link gateway): in the
+# guest, /dev/virtio-ports/<this>; its agent prefers it (agent/serial_link.py).
+AGENT_LINK_PORT_NAME = "org.agentic-sandbox.link"
 
 
 def validate_instance_id(value: str) -> str:

@@ -264,10 +264,10 @@ def on_host_agent(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
     return results
 
 
-def in_guest(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
+def in_guest(tmp: Path, size_mib: int, rounds: int, vcpus: int = 1) -> dict[str, Any]:
     """The same measures into a real `isolated` TCG guest (cold boot of the test image, built
-    into the test cache when missing); CPU is the server's and QEMU's (the guest's agent runs
-    inside QEMU) and this client's."""
+    into the test cache when missing) of `vcpus` vCPUs, once cloud-init has finished in it;
+    CPU is the server's and QEMU's (the guest's agent runs inside QEMU) and this client's."""
     from tests.support.e2e import (
         NAME_PREFIX,
         RECIPE,
@@ -283,7 +283,8 @@ def in_guest(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
             op = wait_op(srv, srv.ok("POST", "/api/v2/admin/images", {"recipe": RECIPE}), 1800)
             if op["state"] != "succeeded":
                 raise SystemExit(f"image build failed: {op.get('error')}")
-            op = provision(srv, {"id": iid, "image": RECIPE, "loadout": "minimal"}, 1000)
+            body = {"id": iid, "image": RECIPE, "loadout": "minimal", "resources": {"cpus": vcpus}}
+            op = provision(srv, body, 1000)
             if op["state"] != "succeeded":
                 raise SystemExit(f"create failed: {op.get('error')} {op.get('stages')}")
             inst = srv.ok("GET", f"/api/v2/admin/instances/{iid}")
@@ -292,10 +293,15 @@ def in_guest(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
             remote_dir = "/var/tmp/bench-files"
             mkdir = {"argv": ["mkdir", "-p", remote_dir]}
             srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", mkdir)
+            settle: dict[str, Any] = {
+                "argv": ["cloud-init", "status", "--wait"],
+                "budget": {"timeout_seconds": 900},
+            }
+            srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", settle)
             results = measure(srv, iid, tmp, remote_dir, [srv.pid, qemu], size_mib, rounds)
         finally:
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
-    results["where"] = f"TCG guest ({inst['network_policy']})"
+    results["where"] = f"TCG guest ({inst['network_policy']}, {inst['vcpus']} vCPU)"
     results["target_mb_per_s"] = 20
     results["cpu_of"] = "server+QEMU+client"
     return results
@@ -311,6 +317,7 @@ def main() -> int:
         action="store_true",
         help="into a real isolated TCG guest (needs root and libvirtd) instead of a host agent",
     )
+    ap.add_argument("--vcpus", type=int, default=1, help="the guest's vCPUs (--guest; 1)")
     args = ap.parse_args()
     if args.guest and os.geteuid() != 0:
         raise SystemExit("--guest needs root (libvirt qemu:///system)")
@@ -320,7 +327,10 @@ def main() -> int:
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-files-", dir="/var/tmp"))
     try:
-        results = (in_guest if args.guest else on_host_agent)(tmp, size_mib, rounds)
+        if args.guest:
+            results = in_guest(tmp, size_mib, rounds, max(1, min(args.vcpus, 8)))
+        else:
+            results = on_host_agent(tmp, size_mib, rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     results["machine"] = {

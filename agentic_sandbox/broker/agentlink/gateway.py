@@ -28,6 +28,11 @@ up to that answer, and its next connection starts clean (`agent/channels.py`).
 Bytes pass through once in each direction (an asyncio protocol pair, flow-controlled both
 ways); the only per-chunk work on the hot path is one `bytes.find` for the next `CONNECT`.
 The pipe is exclusive to the agent: the seed's guest firewall lets only root open the forward.
+
+A guest's virtio-serial port for the link (`org.agentic-sandbox.link`, the fleet's domain XML)
+is a pipe of the same kind, made by QEMU the same way: the gateway cannot tell them apart and
+need not. The agent prefers the port (`agent/serial_link.py`) and bridges it so that it behaves
+as the forward does.
 """
 
 from __future__ import annotations

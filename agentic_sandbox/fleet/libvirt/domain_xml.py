@@ -24,6 +24,7 @@ from ..domain_config import (
 )
 from ..models import (
     AGENT_LINK_ADDRESS,
+    AGENT_LINK_PORT_NAME,
     FirmwareBoot,
     FleetConfig,
     InstanceRecord,
@@ -77,6 +78,36 @@ def netdev_value(net: NetConfig) -> str:
     target = _qemu_opt(f"tcp:{'[' + host + ']' if ':' in host else host}:{port},reconnect=1")
     parts.append(f"guestfwd=tcp:{AGENT_LINK_ADDRESS}:{port}-{target}")
     return ",".join(parts)
+
+
+def _set_link_channel_source(source: ET.Element, net: NetConfig) -> None:
+    source.attrib.clear()
+    source.set("mode", "connect")
+    source.set("host", net.control_host)
+    source.set("service", str(int(net.agent_port)))
+    for child in list(source):
+        source.remove(child)
+    _sub(source, "reconnect", enabled="yes", timeout="1")
+
+
+def link_channel(dev: ET.Element, net: NetConfig) -> None:
+    """The agent link's virtio-serial port: QEMU connects it to the same guest link gateway as
+    the forward (and again a second after it drops), and the guest's agent prefers it to the
+    forward (no user-mode network between them; see the agent's `serial_link.py`). The guest
+    sees it as /dev/virtio-ports/`AGENT_LINK_PORT_NAME`, root's alone, open once at a time."""
+    ch = _sub(dev, "channel", type="tcp")
+    _set_link_channel_source(_sub(ch, "source"), net)
+    _sub(ch, "protocol", type="raw")
+    _sub(ch, "target", type="virtio", name=AGENT_LINK_PORT_NAME)
+
+
+def _link_channel_sources(root: ET.Element) -> list[ET.Element]:
+    return [
+        src
+        for ch in root.iterfind("devices/channel")
+        if (t := ch.find("target")) is not None and t.get("name") == AGENT_LINK_PORT_NAME
+        if (src := ch.find("source")) is not None
+    ]
 
 
 def nic_device_value(pci_slot: int) -> str:
@@ -224,6 +255,7 @@ def build_domain_xml(cfg: DomainConfig) -> str:
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(dev, "memballoon", model="none")
     if cfg.domain_type != "test":
+        link_channel(dev, cfg.net)
         panic = _sub(dev, "panic", model="isa")
         _sub(panic, "address", type="isa", iobase="0x505")
 
@@ -338,6 +370,8 @@ def rewrite_for_clone(xml: str, ident: CloneIdentity) -> str:
             src = ch.find("source")
             if src is not None and src.get("path"):
                 src.set("path", ident.serial_log)
+    for src in _link_channel_sources(root):  # a saved machine from before it has none
+        _set_link_channel_source(src, ident.net)
     cmd = root.find(f"{{{QEMU_NS}}}commandline")
     if cmd is not None:
         args = list(cmd.iterfind(f"{{{QEMU_NS}}}arg"))

@@ -239,17 +239,39 @@ def test_killed_agent_is_restarted_by_systemd_and_comes_back(
 
 
 def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess, cold: str) -> None:
-    """From an unprivileged shell (user `agent`, no sudo): nothing but the agent's own forward
-    is there, and that one refuses every user but root — so no guest process can open it,
-    displace the agent's connection or talk over it, however often it tries."""
+    """From an unprivileged shell (user `agent`, no sudo): nothing but the agent's own ways
+    out is there — the forward, and the link's virtio-serial port with the agent's loopback
+    bridge to it — and those refuse every user but root, so no guest process can open them,
+    displace the agent's connection or talk over it, however often it tries. The agent holds
+    the port (it opens once at a time)."""
     http_port = server.http_port
     fwd = server.guest_port
+    console = server.ok("GET", f"/api/v2/admin/instances/{COLD}/console?tail=400000")["text"]
+    found = re.findall(
+        r"the link goes through the port (\S+) \(bridged at 127\.0\.0\.1:(\d+)\)", console
+    )
+    assert found, "the agent does not use the link's virtio-serial port: " + console[-3000:]
+    device, bridge = found[-1]
+    holders = (  # every process that has a virtio port open, and whether it is the agent's
+        "for f in $(find /proc/[0-9]*/fd -lname '/dev/vport*' 2>/dev/null); do p=${f#/proc/}; "
+        "grep -q agentic-sandbox-agent.service /proc/${p%%/*}/cgroup && echo AGENT-HOLDS "
+        "|| echo OTHER-HOLDS; done"
+    )
+    held = server.ok(
+        "POST",
+        f"/api/v2/admin/instances/{COLD}/exec",
+        {"argv": ["bash", "-c", holders], "user": "root"},
+    )["stdout"]["data"]
+    assert held.split() == ["AGENT-HOLDS"], held
     script = (
         'probe(){ timeout 3 bash -c "</dev/tcp/$1/$2" 2>/dev/null && echo "OPEN $1:$2" '
         '|| echo "SHUT $1:$2"; }; '
         f"probe 10.0.2.2 {http_port}; probe 10.0.2.254 {http_port}; probe 10.0.2.3 53; "
         f"probe 10.0.2.2 {server.grpc_port}; probe 1.1.1.1 80; "
-        f"for i in 1 2 3 4 5; do probe 10.0.2.2 {fwd}; done; id -un"
+        f"for i in 1 2 3 4 5; do probe 10.0.2.2 {fwd}; done; "
+        f"cat {device} </dev/null >/dev/null 2>&1 && echo OPEN-PORT || echo SHUT-PORT; "
+        f"for i in 1 2 3; do probe 127.0.0.1 {bridge}; done; "
+        "id -un"
     )
     before = time.time()
     out = asyncio.run(run_in_session(server, COLD, script, "NET", timeout=90))
@@ -258,6 +280,9 @@ def test_isolated_guest_reaches_only_the_agent_link(server: ServerProcess, cold:
     assert "SHUT 10.0.2.3:53" in out and "SHUT 1.1.1.1:80" in out, out
     lines = out.splitlines()
     assert sum(ln.strip() == f"SHUT 10.0.2.2:{fwd}" for ln in lines) == 5, out
+    assert sum(ln.strip() == f"SHUT 127.0.0.1:{bridge}" for ln in lines) == 3, out
+    port_probe = [ln.strip() for ln in lines if ln.strip() in ("SHUT-PORT", "OPEN-PORT")]
+    assert port_probe == ["SHUT-PORT"], out
     assert not [ln for ln in lines if ln.startswith("OPEN ")], out
     assert "agent" in out.split()  # the probes ran as the unprivileged user
     drops = [

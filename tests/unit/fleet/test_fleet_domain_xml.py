@@ -259,3 +259,58 @@ def test_allowlist_is_restricted_like_isolated() -> None:
         NetConfig(EgressPolicy.ISOLATED, 8124, 42001)
     )
     assert "restrict=on" in netdev_value(NetConfig(EgressPolicy.ALLOWLIST, 8124, 42001))
+
+
+def _link_channel(root: ET.Element) -> ET.Element:
+    (channel,) = root.findall("devices/channel")
+    return channel
+
+
+def test_the_link_also_has_a_virtio_serial_port_to_the_gateway() -> None:
+    """The port the guest's agent prefers to the forward: QEMU connects it to the same gateway
+    (this host's control address, the gateway's port) and again a second after it drops, and
+    the guest finds it by the name its agent looks for."""
+    from agentic_sandbox.agent.config import DEFAULT_SERIAL_PORT
+
+    channel = _link_channel(
+        parse(config(net=NetConfig(EgressPolicy.ISOLATED, 8124, 1, "192.0.2.7")))
+    )
+    assert channel.get("type") == "tcp"
+    source = channel.find("source")
+    assert source is not None and dict(source.attrib) == {
+        "mode": "connect",
+        "host": "192.0.2.7",
+        "service": "8124",
+    }
+    assert source.find("reconnect").attrib == {"enabled": "yes", "timeout": "1"}
+    assert channel.find("protocol").get("type") == "raw"
+    target = channel.find("target")
+    assert target.get("type") == "virtio"
+    assert f"/dev/virtio-ports/{target.get('name')}" == DEFAULT_SERIAL_PORT
+
+
+def test_a_clone_s_link_port_leads_to_its_own_host_s_gateway() -> None:
+    src = build_domain_xml(config())
+    ident = CloneIdentity(
+        name="sbx-clone-1",
+        uuid="11111111-2222-3333-4444-555555555555",
+        overlay="/d/instances/sbx-clone-1.qcow2",
+        serial_log="/d/instances/c.log",
+        seed=None,
+        net=NetConfig(EgressPolicy.ISOLATED, 9000, 42300, "198.51.100.4"),
+        record=record(instance_id="clone-1", domain="sbx-clone-1"),
+    )
+    source = _link_channel(ET.fromstring(rewrite_for_clone(src, ident))).find("source")
+    assert source is not None
+    assert (source.get("host"), source.get("service")) == ("198.51.100.4", "9000")
+    assert source.find("reconnect") is not None
+    # a machine saved before the port existed stays without one (its memory has no such device)
+    old = ET.fromstring(src)
+    devices = old.find("devices")
+    devices.remove(_link_channel(old))
+    assert (
+        ET.fromstring(rewrite_for_clone(ET.tostring(old, encoding="unicode"), ident)).findall(
+            "devices/channel"
+        )
+        == []
+    )

@@ -4,8 +4,11 @@ forward gives the host: one connection carrying every guest connection in turn).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +257,95 @@ async def test_a_sync_gives_up_on_a_gateway_that_does_not_know_it() -> None:
             assert await sync_forward(f"127.0.0.1:{port}") is False
     finally:
         server.close()
+
+
+class PtyChardev:
+    """QEMU's side of the link's virtio-serial port, for tests: a raw PTY whose slave is the
+    device the agent's bridge opens, and whose master is pumped to and from one TCP
+    connection to the gateway (what the chardev makes)."""
+
+    def __init__(self) -> None:
+        import tty
+
+        self.master, self.slave = os.openpty()
+        tty.setraw(self.slave)
+        self.device = os.ttyname(self.slave)
+        self.writer: asyncio.StreamWriter | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    async def connect(self, port: int) -> None:
+        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        os.set_blocking(self.master, False)
+
+        def readable() -> None:
+            with contextlib.suppress(BlockingIOError):
+                assert self.writer is not None
+                self.writer.write(os.read(self.master, 65536))
+
+        loop.add_reader(self.master, readable)
+
+        async def down() -> None:
+            while data := await reader.read(65536):
+                os.write(self.master, data)
+
+        self._pump = asyncio.create_task(down())
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.master)
+        if self._pump is not None:
+            self._pump.cancel()
+        if self.writer is not None:
+            self.writer.close()
+        os.close(self.master)
+        os.close(self.slave)
+
+
+async def test_the_serial_bridge_carries_the_gateway_protocol_like_a_forward(
+    gateway: tuple[LinkGateway, int, Upstream, Upstream],
+) -> None:
+    """The agent's bridge to the link's virtio-serial port (`agent/serial_link.py`): what the
+    agent dials as its gateway when the machine has the port. The reset that waits in a new
+    pipe is dropped by the sync through it, a CONNECT reaches the link listener, and the
+    newest connection takes the pipe over (the one before it ends) as with the forward."""
+    from agentic_sandbox.agent.channels import sync_forward
+    from agentic_sandbox.agent.serial_link import SerialBridge
+
+    gw, port, link, enroll = gateway
+    chardev = PtyChardev()
+    await chardev.connect(port)
+    bridge = await SerialBridge.open(chardev.device)
+    assert bridge is not None
+    try:
+        assert await sync_forward(bridge.address) is True
+        assert gw.metrics_syncs == 1
+        host, bport = bridge.address.split(":")
+        first_r, first_w = await asyncio.open_connection(host, int(bport))
+        first_w.write(ENROLL + b"csr")
+        await _read_exactly(first_r, ESTABLISHED)  # not the reset: the sync took it
+        await _read_exactly(first_r, b"enroll:csr")
+        big = os.urandom(1 << 20)  # many pages and batches, in order
+        first_w.write(big)
+        await _until(lambda: len(enroll.received[0]) == len(big) + 3, "all of it upstream")
+        assert bytes(enroll.received[0]) == b"csr" + big
+        # the next connection (a sync, as the agent's next dial starts) takes the pipe over:
+        # the one before it ends, and the echo still on its way is dropped by the sync
+        assert await sync_forward(bridge.address) is True
+        async with asyncio.timeout(5):
+            while await first_r.read(65536):
+                pass
+        reader, writer = await asyncio.open_connection(host, int(bport))
+        writer.write(LINK + b"register")
+        await _read_exactly(reader, ESTABLISHED)
+        await _read_exactly(reader, b"link:register")
+        assert bytes(link.received[0]) == b"register"
+        writer.close()
+    finally:
+        bridge.close()
+        chardev.close()
+
+
+async def test_a_machine_without_the_port_has_no_serial_bridge(tmp_path: Path) -> None:
+    from agentic_sandbox.agent.serial_link import SerialBridge
+
+    assert await SerialBridge.open(str(tmp_path / "org.agentic-sandbox.link")) is None
