@@ -29,6 +29,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -264,7 +265,74 @@ def on_host_agent(tmp: Path, size_mib: int, rounds: int) -> dict[str, Any]:
     return results
 
 
-def in_guest(tmp: Path, size_mib: int, rounds: int, vcpus: int = 1) -> dict[str, Any]:
+AGENT_CONFIG = "/etc/agentic-sandbox/agent.toml"
+
+
+def use_transport(srv: ServerProcess, iid: str, transport: str) -> None:
+    """Point the guest's agent at the link's virtio-serial port (`serial`, its default) or the
+    slirp forward (`forward`: `serial_port = ""`), restart it and wait until it is back — and
+    check from its own log that it came back through what was asked."""
+    edit = f"sed -i '/^serial_port/d' {AGENT_CONFIG}"
+    if transport == "forward":
+        edit += f"; echo 'serial_port = \"\"' >> {AGENT_CONFIG}"
+    before = srv.ok("GET", f"/api/v2/admin/agents/{iid}").get("connected_at")
+    restart = "systemd-run --on-active=1 systemctl restart agentic-sandbox-agent"
+    srv.ok(
+        "POST",
+        f"/api/v2/admin/instances/{iid}/exec",
+        {"argv": ["bash", "-c", f"{edit}; {restart}"], "user": "root"},
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        agent = srv.ok("GET", f"/api/v2/admin/agents/{iid}")
+        if agent.get("state") == "connected" and agent.get("connected_at") != before:
+            break
+        time.sleep(0.5)
+    else:
+        raise SystemExit(f"the agent did not come back through the {transport}")
+    console = srv.ok("GET", f"/api/v2/admin/instances/{iid}/console?tail=20000")["text"]
+    last = re.findall(r"connected to (\S+) as instance", console)[-1]
+    via = "serial" if last.startswith("127.0.0.1:") else "forward"
+    if via != transport:
+        raise SystemExit(f"asked for the {transport}, the agent connected through {last}")
+
+
+def compare_transports(
+    srv: ServerProcess,
+    iid: str,
+    tmp: Path,
+    remote_dir: str,
+    pids: list[int],
+    size_mib: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """Upload and download through the port and through the forward, in alternating order
+    (ABBA) in the same guest: the forward is the in-run baseline."""
+    size = size_mib * MiB
+    src = tmp / "compare.bin"
+    with src.open("wb") as f:
+        for _ in range(size_mib):
+            f.write(os.urandom(MiB))
+    runs: dict[str, dict[str, list[Measure]]] = {
+        t: {"upload": [], "download": []} for t in ("serial", "forward")
+    }
+    remote = f"{remote_dir}/compare.bin"
+    for r in range(rounds):
+        for transport in ("serial", "forward") if r % 2 == 0 else ("forward", "serial"):
+            use_transport(srv, iid, transport)
+            with Measure(pids) as m:
+                upload(srv, iid, src, remote)
+            runs[transport]["upload"].append(m)
+            with Measure(pids) as m:
+                download(srv, iid, remote, tmp / "compare-back.bin")
+            runs[transport]["download"].append(m)
+    use_transport(srv, iid, "serial")
+    return {t: {k: summary(size, v) for k, v in d.items()} for t, d in runs.items()}
+
+
+def in_guest(
+    tmp: Path, size_mib: int, rounds: int, vcpus: int = 1, compare: bool = False
+) -> dict[str, Any]:
     """The same measures into a real `isolated` TCG guest (cold boot of the test image, built
     into the test cache when missing) of `vcpus` vCPUs, once cloud-init has finished in it;
     CPU is the server's and QEMU's (the guest's agent runs inside QEMU) and this client's."""
@@ -299,6 +367,10 @@ def in_guest(tmp: Path, size_mib: int, rounds: int, vcpus: int = 1) -> dict[str,
             }
             srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", settle)
             results = measure(srv, iid, tmp, remote_dir, [srv.pid, qemu], size_mib, rounds)
+            if compare:
+                results["transports"] = compare_transports(
+                    srv, iid, tmp, remote_dir, [srv.pid, qemu], size_mib, rounds
+                )
         finally:
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
     results["where"] = f"TCG guest ({inst['network_policy']}, {inst['vcpus']} vCPU)"
@@ -318,6 +390,12 @@ def main() -> int:
         help="into a real isolated TCG guest (needs root and libvirtd) instead of a host agent",
     )
     ap.add_argument("--vcpus", type=int, default=1, help="the guest's vCPUs (--guest; 1)")
+    ap.add_argument(
+        "--compare-forward",
+        action="store_true",
+        help="(--guest) also the agent link through the virtio-serial port and through the "
+        "slirp forward, alternating rounds in the same guest",
+    )
     args = ap.parse_args()
     if args.guest and os.geteuid() != 0:
         raise SystemExit("--guest needs root (libvirt qemu:///system)")
@@ -328,7 +406,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-files-", dir="/var/tmp"))
     try:
         if args.guest:
-            results = in_guest(tmp, size_mib, rounds, max(1, min(args.vcpus, 8)))
+            vcpus = max(1, min(args.vcpus, 8))
+            results = in_guest(tmp, size_mib, rounds, vcpus, args.compare_forward)
         else:
             results = on_host_agent(tmp, size_mib, rounds)
     finally:
@@ -362,6 +441,15 @@ def main() -> int:
         *(
             (f"keystroke echo, {name}", _fmt(lat))
             for name, lat in results["keystroke_echo"].items()
+        ),
+        *(
+            (
+                f"{kind} via the {t} (A/B)",
+                f"{r[kind]['mb_per_s']} MB/s {r[kind]['mb_per_s_each']}, "
+                f"{r[kind]['cpu_s_per_gb']} CPU s/GB",
+            )
+            for t, r in results.get("transports", {}).items()
+            for kind in ("upload", "download")
         ),
         ("load average start -> end", f"{mach['loadavg_at_start']} -> {mach['loadavg_at_end']}"),
     ]
