@@ -154,7 +154,9 @@ class AgentConfig:
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("config_path", "enrollment_token", "bridge") or value in (None, ""):
+            if f.name in ("config_path", "enrollment_token", "bridge") or value is None:
+                continue
+            if value == "" and f.name != "serial_port":  # "" there turns the port off
                 continue
             if isinstance(value, bool):
                 lines.append(f"{f.name} = {'true' if value else 'false'}")

@@ -500,6 +500,7 @@ class AgentRuntime:
             with contextlib.suppress(OSError):
                 cfg.config_path.write_text(cfg.to_toml())
         self.run_id = uuid.uuid4().hex[:16]
+        self._guard()  # the seed may name another gateway
 
     def _on_new_seed(self) -> None:
         self._seed_changed.set()
@@ -672,7 +673,7 @@ class AgentRuntime:
                     continue
                 if changed:
                     continue  # dropped for a new seed that named this instance after all
-                if not self.cfg.gateway and self.controls.failed(hint):
+                if not self.cfg.route and self.controls.failed(hint):
                     log.info("trying control host %s", self.controls.current.link)
                 else:
                     delay = self.backoff.delay(cap)
@@ -686,7 +687,7 @@ class AgentRuntime:
             if egress is not None:
                 egress.close()
             if bridge is not None:
-                bridge.close()
+                await bridge.aclose()
                 self.cfg.bridge = ""
             self.streams.link_lost()
             if self.handing_over:

@@ -81,29 +81,40 @@ class SerialBridge:
         bridge._accepting = asyncio.create_task(bridge._accept(), name="agent-serial-bridge")
         return bridge
 
-    def close(self) -> None:
-        for task in (self._accepting, self._current):
-            if task is not None:
-                task.cancel()
+    async def aclose(self) -> None:
+        """Stop accepting, end the connection that has the pipe, then close the port."""
+        tasks = [t for t in (self._accepting, self._current) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._listener.close()
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
     # ------------------------------------------------------------------ connections
     async def _accept(self) -> None:
+        """One splice at a time: a new connection waits until the one before it has ended
+        (its socket closed, its reads of the port stopped), then has the pipe."""
         loop = asyncio.get_running_loop()
         while True:
-            conn, _ = await loop.sock_accept(self._listener)
-            conn.setblocking(False)
-            previous = self._current
-            self._current = asyncio.create_task(self._splice(conn, previous))
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:  # out of descriptors, an aborted connection: not the end
+                log.warning("the link's bridge could not accept a connection: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                conn.setblocking(False)
+                if self._current is not None:
+                    self._current.cancel()
+                    await asyncio.wait({self._current})
+            except BaseException:
+                conn.close()
+                raise
+            self._current = asyncio.create_task(self._splice(conn))
 
-    async def _splice(self, conn: socket.socket, previous: asyncio.Task[None] | None) -> None:
+    async def _splice(self, conn: socket.socket) -> None:
         try:
-            if previous is not None:  # the newest connection has the pipe, as with the forward
-                previous.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await previous
             down = asyncio.create_task(self._port_to(conn))
             up = asyncio.create_task(self._to_port(conn))
             try:
@@ -111,7 +122,9 @@ class SerialBridge:
             finally:
                 for task in (down, up):
                     task.cancel()
-                await asyncio.gather(down, up, return_exceptions=True)
+                for result in await asyncio.gather(down, up, return_exceptions=True):
+                    if isinstance(result, Exception):
+                        log.warning("the link's bridge: %s", result)
         finally:
             conn.close()
 

@@ -145,3 +145,31 @@ async def test_a_session_resumes_where_the_server_asks_within_its_ring() -> None
         assert sess.sent == 0
     finally:
         sess.shutdown()
+
+
+def test_a_guest_agent_with_its_port_bridged_dials_the_bridge(tmp_path: Path) -> None:
+    """The bridge to the link's virtio-serial port replaces the forward as the agent's gateway;
+    it is set while the agent runs, never read from the file nor written to it, and an
+    operator's `serial_port = ""` (the forward only) survives the agent rewriting its file."""
+    cfg_file = tmp_path / "agent.toml"
+    cfg_file.write_text('instance_id = "g"\ngateway = "10.0.2.2:8124"\nserial_port = ""\n')
+    guest = load(parser().parse_args(["--config", str(cfg_file)]))
+    assert guest.serial_port == "" and guest.route == "10.0.2.2:8124"
+    guest.bridge = "127.0.0.1:40123"
+    _target, options = target_and_options(guest, "link", guest.control_addresses()[0])
+    assert ("grpc.http_proxy", "http://127.0.0.1:40123") in options
+    written = guest.to_toml()
+    assert 'serial_port = ""' in written and "bridge" not in written and "40123" not in written
+    cfg_file.write_text(written)
+    assert load(parser().parse_args(["--config", str(cfg_file)])).serial_port == ""
+    cfg_file.write_text('instance_id = "g"\nbridge = "127.0.0.1:1"\n')
+    with pytest.raises(ConfigError, match="bridge"):
+        load(parser().parse_args(["--config", str(cfg_file)]))
+    with pytest.raises(ConfigError, match="serial_port"):
+        load(parser().parse_args(["--instance-id", "g", "--config", str(_toml(tmp_path))]))
+
+
+def _toml(tmp_path: Path) -> Path:
+    f = tmp_path / "relative.toml"
+    f.write_text('instance_id = "g"\nserial_port = "dev/vport0p1"\n')
+    return f

@@ -341,7 +341,7 @@ async def test_the_serial_bridge_carries_the_gateway_protocol_like_a_forward(
         assert bytes(link.received[0]) == b"register"
         writer.close()
     finally:
-        bridge.close()
+        await bridge.aclose()
         chardev.close()
 
 
@@ -349,3 +349,37 @@ async def test_a_machine_without_the_port_has_no_serial_bridge(tmp_path: Path) -
     from agentic_sandbox.agent.serial_link import SerialBridge
 
     assert await SerialBridge.open(str(tmp_path / "org.agentic-sandbox.link")) is None
+
+
+async def test_the_newest_of_connections_made_at_once_has_the_serial_port() -> None:
+    """Connections that arrive together (a reconnect racing a stale one): the last one has the
+    port and the others end, as with the forward — none waits for an older one to hang up."""
+    import tty
+
+    from agentic_sandbox.agent.serial_link import SerialBridge
+
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    bridge = await SerialBridge.open(os.ttyname(slave))
+    assert bridge is not None
+    host, port = bridge.address.split(":")
+    try:
+        conns = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+        for reader, _writer in conns[:-1]:  # the older ones end (nothing was sent to them)
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        reader, writer = conns[-1]
+        os.write(master, b"to the newest")
+        await _read_exactly(reader, b"to the newest")
+        writer.write(b"from the newest")
+        await writer.drain()
+        got = b""
+        async with asyncio.timeout(5):
+            while len(got) < len(b"from the newest"):
+                got += await asyncio.to_thread(os.read, master, 100)
+        assert got == b"from the newest"
+        for _reader, w in conns:
+            w.close()
+    finally:
+        await bridge.aclose()
+        os.close(master)
+        os.close(slave)
