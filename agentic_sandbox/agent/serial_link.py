@@ -34,8 +34,6 @@ import time
 
 log = logging.getLogger("agent")
 
-PORT_NAME = "org.agentic-sandbox.link"
-DEFAULT_DEVICE = f"/dev/virtio-ports/{PORT_NAME}"
 READ_BATCH = 256 * 1024  # a virtio port reads one page per call: gather up to this much
 WRITE_BATCH = 256 * 1024
 HOST_AWAY_POLL = 0.05  # seconds between looks at a port whose host side is not connected

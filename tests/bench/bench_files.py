@@ -307,12 +307,10 @@ def compare_transports(
     rounds: int,
 ) -> dict[str, Any]:
     """Upload and download through the port and through the forward, in alternating order
-    (ABBA) in the same guest: the forward is the in-run baseline."""
+    (ABBA) in the same guest, with `measure`'s file: the forward is the in-run baseline."""
     size = size_mib * MiB
-    src = tmp / "compare.bin"
-    with src.open("wb") as f:
-        for _ in range(size_mib):
-            f.write(os.urandom(MiB))
+    src = tmp / "source.bin"  # `measure`'s
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
     runs: dict[str, dict[str, list[Measure]]] = {
         t: {"upload": [], "download": []} for t in ("serial", "forward")
     }
@@ -321,7 +319,8 @@ def compare_transports(
         for transport in ("serial", "forward") if r % 2 == 0 else ("forward", "serial"):
             use_transport(srv, iid, transport)
             with Measure(pids) as m:
-                upload(srv, iid, src, remote)
+                out = upload(srv, iid, src, remote)
+            assert out["sha256"] == digest, out
             runs[transport]["upload"].append(m)
             with Measure(pids) as m:
                 download(srv, iid, remote, tmp / "compare-back.bin")

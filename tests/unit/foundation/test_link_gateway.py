@@ -354,13 +354,11 @@ async def test_a_machine_without_the_port_has_no_serial_bridge(tmp_path: Path) -
 async def test_the_newest_of_connections_made_at_once_has_the_serial_port() -> None:
     """Connections that arrive together (a reconnect racing a stale one): the last one has the
     port and the others end, as with the forward — none waits for an older one to hang up."""
-    import tty
-
     from agentic_sandbox.agent.serial_link import SerialBridge
 
-    master, slave = os.openpty()
-    tty.setraw(slave)
-    bridge = await SerialBridge.open(os.ttyname(slave))
+    chardev = PtyChardev()  # not connected to a gateway: the test plays the host side
+    master = chardev.master
+    bridge = await SerialBridge.open(chardev.device)
     assert bridge is not None
     host, port = bridge.address.split(":")
     try:
@@ -381,5 +379,4 @@ async def test_the_newest_of_connections_made_at_once_has_the_serial_port() -> N
             w.close()
     finally:
         await bridge.aclose()
-        os.close(master)
-        os.close(slave)
+        chardev.close()
