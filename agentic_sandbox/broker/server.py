@@ -19,7 +19,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
@@ -49,6 +50,21 @@ from agentic_sandbox.broker.observability.routes import metrics_app
 from agentic_sandbox.broker.services import Services
 
 log = logging.getLogger(__name__)
+
+SLOW_STOP_SECONDS = 0.5  # a step of the shutdown that takes longer is logged
+
+
+@contextlib.contextmanager
+def _took(what: str) -> Iterator[None]:
+    """Log `what` when it took longer than SLOW_STOP_SECONDS (where a slow stop's time went)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        seconds = time.monotonic() - started
+        if seconds > SLOW_STOP_SECONDS:
+            log.info("%s took %.1fs", what, seconds, extra={"seconds": round(seconds, 2)})
+
 
 ComponentFactory = Callable[[Services], list[Component]]
 EXIT_LOST_LEADERSHIP = 75  # EX_TEMPFAIL: this node stopped leading; restart it as a follower
@@ -247,16 +263,19 @@ class Server:
         # Stop components first so long-lived streams (WebSockets, SSE, agent links) end and
         # do not hold the drain open; then let in-flight requests finish.
         for component in reversed(self._started):
-            try:
-                await component.stop()
-            except Exception:
-                log.exception("stopping %s failed", component.name)
+            with _took(f"stopping {component.name}"):
+                try:
+                    await component.stop()
+                except Exception:
+                    log.exception("stopping %s failed", component.name)
         if self.svc is not None:
             self.svc.events.end_streams()
         if self._runners:
-            await self._runners[0].cleanup()
+            with _took("draining HTTP requests"):
+                await self._runners[0].cleanup()
         if self.svc is not None:
-            await close_services(self.svc)  # the last writes are flushed …
+            with _took("closing services"):
+                await close_services(self.svc)  # the last writes are flushed …
         if self.cluster is not None:
             await self.cluster.stop()  # … before a follower may take over
         self._stopped.set()

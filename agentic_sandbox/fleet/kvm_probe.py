@@ -16,6 +16,7 @@ at once and probes again in the background; see ``libvirt.host.LibvirtHost``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import json
@@ -57,6 +58,69 @@ def probe_kvm(
     """Blocking: a few seconds at most. Runs QEMU directly (argv list, no shell).
 
     ``accel`` exists so tests can check the detection itself with ``tcg``."""
+    argv = _probe_argv(kernel, qemu, accel)
+    if isinstance(argv, AccelReport):
+        return argv
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        report = _timed_out(e.stdout or b"", accel, timeout, start)
+    except OSError as e:
+        return AccelReport(Accel.TCG, f"cannot run {qemu}: {e}")
+    else:
+        report = _exited(proc.stdout, proc.stderr, proc.returncode, accel, start)
+    return replace(report, probed_at=time.time())
+
+
+async def probe_kvm_async(
+    kernel: str | None = None,
+    *,
+    boot_window: float = 8.0,
+    qemu: str = "qemu-system-x86_64",
+    accel: str = "kvm",
+) -> AccelReport:
+    """`probe_kvm` on the event loop (`boot_window`: its `timeout`, whose end is an answer,
+    not an error); cancelling it kills the probe's QEMU at once (a server that stops during
+    a background re-probe must not wait out the window)."""
+    argv = _probe_argv(kernel, qemu, accel)
+    if isinstance(argv, AccelReport):
+        return argv
+    start = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as e:
+        return AccelReport(Accel.TCG, f"cannot run {qemu}: {e}")
+    out = bytearray()
+    assert proc.stdout is not None and proc.stderr is not None
+    errs = asyncio.ensure_future(proc.stderr.read())
+    try:
+        async with asyncio.timeout(boot_window):
+            while chunk := await proc.stdout.read(65536):
+                out += chunk
+            await proc.wait()
+    except TimeoutError:
+        report = _timed_out(bytes(out), accel, boot_window, start)
+    else:
+        report = _exited(bytes(out), await errs, proc.returncode or 0, accel, start)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(proc.wait())
+        errs.cancel()
+    return replace(report, probed_at=time.time())
+
+
+def _probe_argv(kernel: str | None, qemu: str, accel: str) -> list[str] | AccelReport:
+    """The probe's QEMU command line, or the answer when there is nothing to probe with."""
     if accel == "kvm" and not os.path.exists("/dev/kvm"):
         return AccelReport(Accel.TCG, "no /dev/kvm on this host")
     if accel == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
@@ -64,7 +128,7 @@ def probe_kvm(
     kernel = kernel or find_probe_kernel()
     if kernel is None or not os.path.exists(kernel):
         return AccelReport(Accel.TCG, "no kernel to probe KVM with (install a linux-image)")
-    argv = [
+    return [
         qemu,
         "-accel",
         accel,
@@ -85,35 +149,26 @@ def probe_kvm(
         "-append",
         "console=ttyS0 panic=-1 loglevel=4",
     ]
-    start = time.monotonic()
-    report = _boot(argv, accel, timeout, qemu, start)
-    return replace(report, probed_at=time.time())
 
 
-def _boot(argv: list[str], accel: str, timeout: float, qemu: str, start: float) -> AccelReport:
-    try:
-        proc = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace")
-        if any(m in out for m in _MARKERS):
-            return AccelReport(
-                Accel(accel), f"kernel booted under {accel}", time.monotonic() - start
-            )
-        return AccelReport(
-            Accel.TCG,
-            f"a kernel under KVM did not boot within {timeout:.0f}s (hangs here)",
-            time.monotonic() - start,
-        )
-    except OSError as e:
-        return AccelReport(Accel.TCG, f"cannot run {qemu}: {e}")
-    out = proc.stdout.decode(errors="replace")
+def _timed_out(stdout: bytes, accel: str, timeout: float, start: float) -> AccelReport:
+    out = stdout.decode(errors="replace")
+    if any(m in out for m in _MARKERS):
+        return AccelReport(Accel(accel), f"kernel booted under {accel}", time.monotonic() - start)
+    return AccelReport(
+        Accel.TCG,
+        f"a kernel under KVM did not boot within {timeout:.0f}s (hangs here)",
+        time.monotonic() - start,
+    )
+
+
+def _exited(stdout: bytes, stderr: bytes, returncode: int, accel: str, start: float) -> AccelReport:
+    out = stdout.decode(errors="replace")
     elapsed = time.monotonic() - start
     if any(m in out for m in _MARKERS):
         return AccelReport(Accel(accel), f"kernel booted under {accel} in {elapsed:.1f}s", elapsed)
-    err = proc.stderr.decode(errors="replace").strip().splitlines()
-    why = err[-1] if err else f"QEMU exited {proc.returncode} without kernel output"
+    err = stderr.decode(errors="replace").strip().splitlines()
+    why = err[-1] if err else f"QEMU exited {returncode} without kernel output"
     return AccelReport(Accel.TCG, f"KVM unusable: {why}", elapsed)
 
 

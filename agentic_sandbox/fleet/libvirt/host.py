@@ -29,7 +29,7 @@ from ..context import CallObserver
 from ..domain_config import CloneIdentity, DomainConfig
 from ..driver import DefinitionFacts, DomainScan, HostListener
 from ..errors import FleetError, HostUnavailable, InvalidRequest, LibvirtFailure, NotFound
-from ..kvm_probe import AccelReport, ProbeMemory, probe_key, probe_kvm
+from ..kvm_probe import AccelReport, ProbeMemory, probe_key, probe_kvm, probe_kvm_async
 from ..models import Accel, FleetConfig, HostSpec
 from ..ports import PortAllocator
 from ..qemu_access import qemu_gid
@@ -348,11 +348,8 @@ class LibvirtHost:
     async def _reprobe(self, key: dict[str, Any]) -> None:
         """Probe again (the answer in use was remembered); take the new answer."""
         loop = asyncio.get_running_loop()
-        report = await loop.run_in_executor(
-            None,
-            functools.partial(
-                probe_kvm, self.config.kvm_probe_kernel, timeout=self.config.kvm_probe_timeout_s
-            ),
+        report = await probe_kvm_async(  # (cancelled by close(): its QEMU ends with it)
+            self.config.kvm_probe_kernel, boot_window=self.config.kvm_probe_timeout_s
         )
         _probe_cache[json.dumps(key, sort_keys=True)] = report
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -22,6 +23,20 @@ from agentic_sandbox.fleet.libvirt import host as fleet_connection
 from agentic_sandbox.fleet.models import Accel
 from tests.support.fleet_real_env import purge_domains
 from tests.support.libvirt_daemons import MAIN_URI, ensure_main_libvirtd
+
+
+def probe_qemus() -> list[int]:
+    """This process's children that are the KVM probe's QEMU."""
+    me, found = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[1] == me and stat[0] != "Z" and b"panic=-1 loglevel=4" in cmdline:
+            found.append(int(pid))
+    return found
 
 
 async def open_host(data: Path) -> Fleet:
@@ -66,6 +81,16 @@ async def test_the_probe_is_remembered_reused_at_start_and_redone_in_the_backgro
         finally:
             await fleet.remove_host("h1", force=True, forget_storage=True)
             await fleet.close()
+
+        # a fleet closed while it probes again in the background (a server stopping soon
+        # after its start) ends the probe's QEMU with it: nothing is left to wait out the
+        # probe's window before the process may exit
+        fleet = await open_host(root / "fleet")
+        async with asyncio.timeout(10):
+            while not probe_qemus():
+                await asyncio.sleep(0.05)
+        await fleet.close()
+        assert probe_qemus() == []
     finally:
         purge_domains(MAIN_URI, root)
         shutil.rmtree(root, ignore_errors=True)
