@@ -79,10 +79,15 @@ def open_channel(
 async def connect_channel(
     cfg: AgentConfig, creds: Credentials, service: Service, control: ControlAddress
 ) -> grpc.aio.Channel:
-    """`open_channel`, after syncing the guest forward when there is one (see the module)."""
+    """`open_channel`, after syncing the guest forward when there is one (see the module).
+    Raises `GatewaySilent` when no gateway answered the sync."""
     channel = open_channel(cfg, creds, service, control)  # a missing CA is named before
     if cfg.route:
-        await sync_forward(cfg.route)
+        try:
+            await sync_forward(cfg.route)
+        except BaseException:
+            await channel.close()
+            raise
     return channel
 
 
@@ -90,11 +95,17 @@ SYNC_TIMEOUT = 5.0
 SYNC_LIMIT = 256 * 1024  # stale bytes dropped at most before the answer
 
 
+class GatewaySilent(ConnectionError):
+    """No gateway answered the sync: there is none at the other end of the forward (or the
+    port) now — the server is away. A connection made anyway would read the reset of the
+    next pipe and fail; the agent tries again (sync first) after its short backoff."""
+
+
 async def sync_forward(gateway: str) -> bool:
     """Drop whatever waits in the guest forward (`HOST:PORT` of the gateway) for the next
     connection: ask the gateway for a sync and read up to its answer, which echoes a fresh
-    nonce. False when it did not answer so (an older gateway refuses the name with a 403;
-    the connection that follows is then made as before)."""
+    nonce. False when an older gateway refused the name (a 403: the connection that follows
+    is then made as before); `GatewaySilent` when nothing answered at all."""
     host, _, port = gateway.rpartition(":")
     nonce = secrets.token_hex(8).encode()
     marker = b"\r\n" + SYNC_HEADER + b": " + nonce + b"\r\n"
@@ -110,16 +121,22 @@ async def sync_forward(gateway: str) -> bool:
             while len(seen) < SYNC_LIMIT:
                 data = await reader.read(65536)
                 if not data:
-                    return False
+                    raise GatewaySilent(f"the gateway at {gateway} closed before its answer")
                 seen += data
                 at = seen.find(marker)
                 if at >= 0 and seen.find(b"\r\n\r\n", at) >= 0:
                     return True
                 if at < 0 and b"HTTP/1.1 403 " in seen:  # an older gateway: no sync there
                     return False
-            return False
-    except (OSError, TimeoutError, ValueError):
-        return False
+            raise GatewaySilent(f"no answer from the gateway at {gateway} in {SYNC_LIMIT} bytes")
+    except TimeoutError:
+        raise GatewaySilent(
+            f"no answer from the gateway at {gateway} in {SYNC_TIMEOUT:g}s"
+        ) from None
+    except GatewaySilent:
+        raise
+    except (OSError, ValueError) as exc:
+        raise GatewaySilent(f"the gateway at {gateway}: {exc}") from None
     finally:
         if writer is not None:
             writer.close()

@@ -18,7 +18,7 @@ import time
 import grpc
 
 from agentic_sandbox.agent import pki
-from agentic_sandbox.agent.channels import connect_channel
+from agentic_sandbox.agent.channels import GatewaySilent, connect_channel
 from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.agent.controls import ControlAddress, leader_hint
 from agentic_sandbox.agent.credentials import Credentials, CredentialsMissing
@@ -75,6 +75,8 @@ async def enroll(
         channel = await connect_channel(cfg, creds, "enroll", control)
     except CredentialsMissing as exc:
         raise EnrollmentFailed(str(exc)) from None
+    except GatewaySilent as exc:
+        raise EnrollmentFailed(str(exc), refused=False) from None
     channel.get_state(try_to_connect=True)  # the handshake goes on while the key is made
     try:
         key, csr = await (keys if keys is not None else make_keys(cfg.instance_id))

@@ -19,6 +19,13 @@ like the forward (root only, `guard.py`).
 While QEMU's chardev has no host connection (between its reconnects), the port reads as end of
 file and polls as hung up, and writes would block: the bridge then waits in short sleeps rather
 than on readiness, which a hung-up port reports without end.
+
+A connection lives no longer than the host connection it was spliced to, as a TCP connection
+through a forward would: when the port's host side goes away (the server stopped, the machine
+was saved), the bridge closes the connection at once, so the agent's link fails then — not
+seconds later, when the next host connection's reset arrives — and its next connection waits
+in the bridge, its first bytes unread, until a host side is there again. An agent whose server
+restarts is back as soon as QEMU has reconnected the port.
 """
 
 from __future__ import annotations
@@ -127,15 +134,17 @@ class SerialBridge:
             conn.close()
 
     async def _port_to(self, conn: socket.socket) -> None:
+        """Until the port's host side goes away (the splice then ends, and with it `conn`)."""
         loop = asyncio.get_running_loop()
         view = memoryview(bytearray(READ_BATCH))
-        while True:
-            n = await self._read(view)
+        await self._host_here()
+        while n := await self._read(view):
             await loop.sock_sendall(conn, view[:n])  # all of it sent before the next read
 
     async def _to_port(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         buf = memoryview(bytearray(WRITE_BATCH))
+        await self._host_here()  # the connection's first bytes wait for a host side
         while n := await loop.sock_recv_into(conn, buf):
             view = buf[:n]
             while view:
@@ -146,23 +155,26 @@ class SerialBridge:
 
     # ------------------------------------------------------------------ the port
     async def _read(self, view: memoryview) -> int:
-        """Read what the port holds into `view` (a page per call), at least one byte."""
+        """Read what the port holds into `view` (a page per call): at least one byte, or 0
+        when the host side has gone away."""
         n = 0
         while n < len(view):
             try:
                 got = os.readv(self._fd, [view[n:]])
             except BlockingIOError:
-                if n:
+                if n or self._host_away():
                     return n
-                await self._ready(write=False)
+                await self._ready(write=False)  # (a host side that goes away wakes it)
                 continue
-            if got == 0:  # the host side is not connected: nothing comes until it is
-                if n:
-                    return n
-                await asyncio.sleep(HOST_AWAY_POLL)
-                continue
+            if got == 0:  # the host side is not connected (any more)
+                return n
             n += got
         return n
+
+    async def _host_here(self) -> None:
+        """Until the port has a host side (at once when it has)."""
+        while self._host_away():  # noqa: ASYNC110 (a hung-up port has no event to wait on)
+            await asyncio.sleep(HOST_AWAY_POLL)
 
     async def _ready(self, *, write: bool) -> None:
         """Wait until the port can be written (or read), or a short while when its host side

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentic_sandbox.agent.config import AgentConfig
 from agentic_sandbox.broker.agentlink.gateway import (
     ESTABLISHED,
     RESET,
@@ -259,6 +260,51 @@ async def test_a_sync_gives_up_on_a_gateway_that_does_not_know_it() -> None:
         server.close()
 
 
+async def test_a_sync_nothing_answers_says_so_and_no_connection_is_made_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No gateway behind the forward (the server is restarting, the port's host side is away):
+    the sync says so (`GatewaySilent`, a ConnectionError the agent backs off from) instead of
+    letting the connection after it read the next pipe's reset; and the channel it would have
+    used is closed."""
+    from agentic_sandbox.agent import channels
+    from agentic_sandbox.agent.channels import GatewaySilent, sync_forward
+
+    monkeypatch.setattr(channels, "SYNC_TIMEOUT", 0.3)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # reads the request, never answers
+        writer.close()
+
+    async def hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    for serve in (silent, hangs_up):
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            with pytest.raises(GatewaySilent, match=f"127.0.0.1:{port}"):
+                await sync_forward(f"127.0.0.1:{port}")
+        finally:
+            server.close()
+
+    closed: list[bool] = []
+
+    class Channel:
+        async def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(channels, "open_channel", lambda *_a: Channel())
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    try:
+        cfg = AgentConfig(gateway=f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        with pytest.raises(ConnectionError):
+            await channels.connect_channel(cfg, None, "link", None)  # type: ignore[arg-type]
+        assert closed == [True]
+    finally:
+        server.close()
+
+
 class PtyChardev:
     """QEMU's side of the link's virtio-serial port, for tests: a raw PTY whose slave is the
     device the agent's bridge opens, and whose master is pumped to and from one TCP
@@ -377,6 +423,62 @@ async def test_the_newest_of_connections_made_at_once_has_the_serial_port() -> N
         assert got == b"from the newest"
         for _reader, w in conns:
             w.close()
+    finally:
+        await bridge.aclose()
+        chardev.close()
+
+
+async def test_a_bridged_connection_ends_with_its_host_side_and_the_next_one_waits_for_one() -> (
+    None
+):
+    """The port's host side goes away (the server stopped, QEMU's chardev lost its
+    connection): the connection spliced to it ends at once, as a TCP connection through a
+    forward would, so the agent's link fails then rather than when the next host connection's
+    reset arrives. A connection made while there is no host side is held, its bytes unread,
+    until one is there again. (A PTY has no host side to lose: the test says when it is away,
+    where a real port polls as hung up.)"""
+    from agentic_sandbox.agent.serial_link import SerialBridge
+
+    class Port(SerialBridge):
+        away = False
+
+        def _host_away(self) -> bool:
+            return self.away
+
+    chardev = PtyChardev()
+    master = chardev.master
+    bridge = await Port.open(chardev.device)
+    assert isinstance(bridge, Port)
+    host, port = bridge.address.split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        os.write(master, b"before")
+        await _read_exactly(reader, b"before")
+        bridge.away = True
+        os.write(master, b"last")  # what the host sent before it went is still delivered
+        await _read_exactly(reader, b"last")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # and then the connection ends
+        writer.close()
+
+        held_r, held_w = await asyncio.open_connection(host, int(port))
+        held_w.write(b"CONNECT sync")
+        await held_w.drain()
+        os.set_blocking(master, False)
+        await asyncio.sleep(0.3)  # several of the bridge's looks at the port
+        with pytest.raises(BlockingIOError):
+            os.read(master, 100)  # nothing went into a port with no host side
+        bridge.away = False
+        got = b""
+        async with asyncio.timeout(5):
+            while len(got) < len(b"CONNECT sync"):
+                try:
+                    got += os.read(master, 100)
+                except BlockingIOError:
+                    await asyncio.sleep(0.02)
+        assert got == b"CONNECT sync"
+        os.write(master, b"answer")
+        await _read_exactly(held_r, b"answer")
+        held_w.close()
     finally:
         await bridge.aclose()
         chardev.close()
