@@ -1,7 +1,7 @@
 """Benchmark: provisioning on real libvirtd + QEMU (TCG), through the server's API.
 
     .venv/bin/python tests/bench/bench_provision.py [--restarts N] [--snapshots N] [--pool N]
-        [--pool-age S] [--agent-restarts N]
+        [--pool-age S] [--agent-restarts N] [--logs DIR]
 
 Measures the server's own start → ready (`/readyz`) the first time (the KVM probe boots a
 kernel) and on restarts (the probe's answer is remembered), image reuse (cached build),
@@ -11,7 +11,9 @@ every agent reconnected), and from the warm pool (`--pool-age`: let each member 
 a pool is meant to be used), with every stage's time (p50 over the runs) and the load average
 at start and end. Prints a table and writes bench-results/provision.json. Needs root,
 libvirtd and the image cache of the test run ($SANDBOX_TEST_CACHE); builds the image there when
-it is missing. Every VM it makes is deleted.
+it is missing. Every VM it makes is deleted; `--logs DIR` first keeps each guest's agent journal
+(to the millisecond, through the exec API) and the server's log there, to see where a stage's
+time went.
 
 Each measure is a function of the running context, listed in `MEASURES` with its table row
 (key, what, target): a measure that needs guests running across a restart (every agent
@@ -248,6 +250,30 @@ ROWS: list[tuple[str, str, float | None]] = [
 ]
 
 
+def save_logs(b: Bench, into: Path) -> None:
+    """Each guest's agent journal (read through exec) and the server's log, into `into`."""
+    into.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "journalctl",
+        "--merge",
+        "--no-pager",
+        "-o",
+        "short-precise",
+        "-u",
+        "agentic-sandbox-agent",
+    ]
+    for iid in b.made:
+        status, answer = b.srv.api(
+            "POST",
+            f"/api/v2/admin/instances/{iid}/exec",
+            {"argv": argv, "budget": {"timeout_seconds": 30}},
+        )
+        text = answer["stdout"]["data"] if status == 200 else f"exec: {status} {answer}\n"
+        (into / f"{iid}.agent.log").write_text(text)
+    shutil.copyfile(b.srv.log_path, into / "server.log")
+    print(f"logs in {into}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--restarts", type=int, default=3, help="server restarts to time")
@@ -259,6 +285,7 @@ def main() -> int:
     ap.add_argument(
         "--agent-restarts", type=int, default=3, help="server restarts with guests running"
     )
+    ap.add_argument("--logs", type=Path, help="keep the agents' journals and the server's log here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (libvirt qemu:///system)")
@@ -280,6 +307,8 @@ def main() -> int:
         for measure in MEASURES:
             measure(b)
     finally:
+        if args.logs is not None and srv.alive():
+            save_logs(b, args.logs)
         for iid in b.made:
             srv.api("DELETE", f"/api/v2/admin/instances/{iid}")
         if srv.alive():
