@@ -36,7 +36,6 @@ from agentic_sandbox.broker.agentlink.enrollment import Enrollment, EnrollmentRe
 from agentic_sandbox.broker.agentlink.link import (
     AgentConnection,
     AgentInfo,
-    AgentMetrics,
     LinkHandler,
 )
 from agentic_sandbox.broker.agentlink.messages import (
@@ -518,7 +517,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
 
     @staticmethod
     def _receive_heartbeat(conn: AgentConnection, msg: pb.AgentMessage) -> None:
-        conn.metrics = AgentMetrics.from_heartbeat(msg.heartbeat)
+        conn.metrics.take(msg.heartbeat)
         conn.metrics_dirty = True
         conn.last_heartbeat_at = dt.datetime.now(dt.UTC)
         if msg.heartbeat.want_ack or not conn.acks_when_asked:
