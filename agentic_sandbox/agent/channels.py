@@ -110,6 +110,7 @@ async def sync_forward(gateway: str) -> bool:
     nonce = secrets.token_hex(8).encode()
     marker = b"\r\n" + SYNC_HEADER + b": " + nonce + b"\r\n"
     writer: asyncio.StreamWriter | None = None
+    why = f"no answer in {SYNC_LIMIT} bytes"
     try:
         async with asyncio.timeout(SYNC_TIMEOUT):
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
@@ -121,22 +122,19 @@ async def sync_forward(gateway: str) -> bool:
             while len(seen) < SYNC_LIMIT:
                 data = await reader.read(65536)
                 if not data:
-                    raise GatewaySilent(f"the gateway at {gateway} closed before its answer")
+                    why = "closed before its answer"
+                    break
                 seen += data
                 at = seen.find(marker)
                 if at >= 0 and seen.find(b"\r\n\r\n", at) >= 0:
                     return True
                 if at < 0 and b"HTTP/1.1 403 " in seen:  # an older gateway: no sync there
                     return False
-            raise GatewaySilent(f"no answer from the gateway at {gateway} in {SYNC_LIMIT} bytes")
     except TimeoutError:
-        raise GatewaySilent(
-            f"no answer from the gateway at {gateway} in {SYNC_TIMEOUT:g}s"
-        ) from None
-    except GatewaySilent:
-        raise
+        why = f"no answer in {SYNC_TIMEOUT:g}s"
     except (OSError, ValueError) as exc:
-        raise GatewaySilent(f"the gateway at {gateway}: {exc}") from None
+        why = str(exc)
     finally:
         if writer is not None:
             writer.close()
+    raise GatewaySilent(f"the gateway at {gateway}: {why}")

@@ -120,6 +120,7 @@ class SerialBridge:
 
     async def _splice(self, conn: socket.socket) -> None:
         try:
+            await self._host_here()  # the connection's first bytes wait for a host side
             down = asyncio.create_task(self._port_to(conn))
             up = asyncio.create_task(self._to_port(conn))
             try:
@@ -137,14 +138,12 @@ class SerialBridge:
         """Until the port's host side goes away (the splice then ends, and with it `conn`)."""
         loop = asyncio.get_running_loop()
         view = memoryview(bytearray(READ_BATCH))
-        await self._host_here()
         while n := await self._read(view):
             await loop.sock_sendall(conn, view[:n])  # all of it sent before the next read
 
     async def _to_port(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         buf = memoryview(bytearray(WRITE_BATCH))
-        await self._host_here()  # the connection's first bytes wait for a host side
         while n := await loop.sock_recv_into(conn, buf):
             view = buf[:n]
             while view:
@@ -162,9 +161,8 @@ class SerialBridge:
             try:
                 got = os.readv(self._fd, [view[n:]])
             except BlockingIOError:
-                if n or self._host_away():
+                if n or not await self._ready(write=False):  # (a host side going wakes it)
                     return n
-                await self._ready(write=False)  # (a host side that goes away wakes it)
                 continue
             if got == 0:  # the host side is not connected (any more)
                 return n
@@ -176,12 +174,12 @@ class SerialBridge:
         while self._host_away():  # noqa: ASYNC110 (a hung-up port has no event to wait on)
             await asyncio.sleep(HOST_AWAY_POLL)
 
-    async def _ready(self, *, write: bool) -> None:
-        """Wait until the port can be written (or read), or a short while when its host side
-        is away (a hung-up port is always "ready")."""
+    async def _ready(self, *, write: bool) -> bool:
+        """Wait until the port can be written (or read): True; or a short while when its host
+        side is away (a hung-up port is always "ready"): False."""
         if self._host_away():
             await asyncio.sleep(HOST_AWAY_POLL)
-            return
+            return False
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         add, remove = (
@@ -199,6 +197,7 @@ class SerialBridge:
             await ready
         finally:
             remove(self._fd)
+        return True
 
     def _host_away(self) -> bool:
         return any(ev & select.POLLHUP for _, ev in self._poll.poll(0))
