@@ -1,8 +1,11 @@
 """Every Prometheus metric family of the server, defined in one place.
 
 A per-server CollectorRegistry (not the process-global one) so that several servers can live
-in one test process. Label values are always from bounded sets: states, roles, route templates,
-stage names — never instance, session or task ids.
+in one test process. It carries prometheus-client's standard process (`process_*`: CPU seconds,
+resident memory, open descriptors), interpreter (`python_info`) and garbage-collector
+(`python_gc_*`, read from `gc.get_stats()` at scrape time, no collection callbacks) families
+too, as any Python exporter's do. Label values are always from bounded sets: states, roles,
+route templates, stage names — never instance, session or task ids.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -56,6 +62,9 @@ class Metrics:
     def __init__(self) -> None:
         disable_created_metrics()  # `_created` series double the exposition for no use here
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self._providers = _ProviderCollector()
         r.register(self._providers)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import time
@@ -38,6 +39,25 @@ async def test_exposition_passes_promtool(running: Running) -> None:
     assert b'sandbox_auth_failures_total{reason="unauthenticated"} 1.0' in text
     assert b'route="/api/v2/admin/tokens"' in text
     assert b"sandbox_instances" in text and b"sandbox_build_info" in text
+
+
+def sample(text: bytes, series: str) -> float:
+    (line,) = (x for x in text.decode().splitlines() if x.startswith(series + " "))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_process_and_gc_families_are_this_process(running: Running) -> None:
+    """An operator's usual process and GC series (the in-process server: this process)."""
+    _, before, _ = await running.call("GET", "/metrics")
+    full = 'python_gc_collections_total{generation="2"}'
+    gc.collect()
+    _, after, _ = await running.call("GET", "/metrics")
+    assert sample(after, full) == sample(before, full) + 1
+    with open("/proc/self/status") as f:
+        rss = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:"))
+    assert abs(sample(after, "process_resident_memory_bytes") - rss) < rss / 4
+    assert sample(after, "process_cpu_seconds_total") >= sample(before, "process_cpu_seconds_total")
+    assert b"python_info{" in after
 
 
 async def test_metrics_needs_a_token_by_default(running: Running) -> None:
