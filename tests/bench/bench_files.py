@@ -329,6 +329,53 @@ def compare_transports(
     return {t: {k: summary(size, v) for k, v in d.items()} for t, d in runs.items()}
 
 
+#: What a transferred byte costs a guest at the least, measured in the guest on its own vCPU:
+#: the agent's SHA-256 (`hashlib`, as `agent/files.py` hashes), the link's TLS 1.3 cipher
+#: (ChaCha20-Poly1305: the guest's CPU model has no AES instructions, and gRPC's BoringSSL
+#: then prefers it; `openssl speed` is the nearest measure the guest has) and, for an upload, a
+#: page-cache write ended by an fsync. One vCPU does them one after another, so an upload can
+#: be no faster than 1 / (1/sha + 1/cipher + 1/write) and a download (its file read from the
+#: page cache) than 1 / (1/sha + 1/cipher): the in-run ceilings the rates are read against.
+GUEST_FLOOR = r"""
+import hashlib, json, os, re, subprocess, time
+MiB = 1 << 20
+block = os.urandom(MiB)
+t = time.perf_counter()
+h = hashlib.sha256()
+for _ in range(32):
+    h.update(block)
+sha = 32 * MiB / (time.perf_counter() - t)
+out = subprocess.run(
+    ["openssl", "speed", "-seconds", "2", "-bytes", "262144", "-evp", "chacha20-poly1305"],
+    capture_output=True, text=True, check=True,
+).stdout
+cipher = float(re.findall(r"([0-9.]+)k\s*$", out.strip())[-1]) * 1000
+path = "/var/tmp/bench-floor.bin"
+t = time.perf_counter()
+with open(path, "wb") as f:
+    for _ in range(32):
+        f.write(block)
+    f.flush()
+    os.fsync(f.fileno())
+write = 32 * MiB / (time.perf_counter() - t)
+os.unlink(path)
+print(json.dumps({"sha256": sha, "chacha20_poly1305": cipher, "write_fsync": write}))
+"""
+
+
+def guest_floor(srv: ServerProcess, iid: str) -> dict[str, float]:
+    """`GUEST_FLOOR` run in the guest: each rate in MB/s, and each direction's ceiling."""
+    body = {"argv": ["python3", "-c", GUEST_FLOOR], "budget": {"timeout_seconds": 120}}
+    out = srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", body, timeout=180)
+    if out["exit_code"] != 0:
+        raise SystemExit(f"the guest's floor measure failed: {out['stderr']['data'][-500:]}")
+    rates = {k: v / 1e6 for k, v in json.loads(out["stdout"]["data"]).items()}
+    link = 1 / rates["sha256"] + 1 / rates["chacha20_poly1305"]
+    rates["ceiling_upload"] = 1 / (link + 1 / rates["write_fsync"])
+    rates["ceiling_download"] = 1 / link
+    return {k: round(v, 1) for k, v in rates.items()}
+
+
 def in_guest(
     tmp: Path, size_mib: int, rounds: int, vcpus: int = 1, compare: bool = False
 ) -> dict[str, Any]:
@@ -364,8 +411,10 @@ def in_guest(
                 "argv": ["cloud-init", "status", "--wait"],
                 "budget": {"timeout_seconds": 900},
             }
-            srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", settle)
+            srv.ok("POST", f"/api/v2/admin/instances/{iid}/exec", settle, timeout=930)
+            before = guest_floor(srv, iid)
             results = measure(srv, iid, tmp, remote_dir, [srv.pid, qemu], size_mib, rounds)
+            results["guest_floor"] = {"before": before, "after": guest_floor(srv, iid)}
             if compare:
                 results["transports"] = compare_transports(
                     srv, iid, tmp, remote_dir, [srv.pid, qemu], size_mib, rounds
@@ -437,6 +486,17 @@ def main() -> int:
             f"x{round(down['mb_per_s'] / cp['mb_per_s'], 2)}",
         ),
         (f"target ({results['where']})", f">= {results['target_mb_per_s']} MB/s"),
+        *(
+            (
+                f"guest's own rates, {when}",
+                f"SHA-256 {f['sha256']}, ChaCha20-Poly1305 {f['chacha20_poly1305']}, "
+                f"write+fsync {f['write_fsync']} MB/s -> ceilings: upload "
+                f"{f['ceiling_upload']} (x{round(up['mb_per_s'] / f['ceiling_upload'], 2)}), "
+                f"download {f['ceiling_download']} MB/s "
+                f"(x{round(down['mb_per_s'] / f['ceiling_download'], 2)})",
+            )
+            for when, f in results.get("guest_floor", {}).items()
+        ),
         *(
             (f"keystroke echo, {name}", _fmt(lat))
             for name, lat in results["keystroke_echo"].items()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.support.lifetime import die_with_parent
 from tests.support.server import ROOT, ServerProcess
@@ -209,7 +210,7 @@ def start_agent(
     register: bool = True,
     extra_args: list[str] | None = None,
     wait: bool = True,
-    profile: dict[str, object] | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> AgentProcess:
     """Register a host instance (declaring `profile`: skills, task runner, budgets), make an
     enrollment token, start and wait for the agent."""
