@@ -9,9 +9,11 @@ the bytes moved; `-o json|yaml` prints the result document instead of a line.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.progress import (
     BarColumn,
@@ -24,6 +26,7 @@ from rich.progress import (
 
 from agentic_sandbox.sandboxctl.output import _console, doc, emit
 from agentic_sandbox.sdk import AsyncClient
+from agentic_sandbox.sdk.errors import ApiError
 
 LS_COLS = ["name", "type", "size", "mode", "owner", "group", "mtime"]
 
@@ -109,11 +112,31 @@ async def instance_pull(c: AsyncClient, a: argparse.Namespace) -> None:
         emit(out._asdict(), a.output)
 
 
+def _ls_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the table shows it: mtime (seconds since the epoch) as a UTC time."""
+    mtime = entry.get("mtime")
+    if isinstance(mtime, int | float):
+        when = dt.datetime.fromtimestamp(mtime, dt.UTC)
+        entry = {**entry, "mtime": when.strftime("%Y-%m-%d %H:%M:%S")}
+    return entry
+
+
 async def instance_ls(c: AsyncClient, a: argparse.Namespace) -> None:
-    listing = await c.instances.files.list(a.id, a.path, follow_symlinks=a.follow_symlinks)
+    """A directory's entries; a path that is not a directory lists itself, as `ls` does."""
+    try:
+        listing = await c.instances.files.list(a.id, a.path, follow_symlinks=a.follow_symlinks)
+    except ApiError as exc:
+        if exc.code != "not-a-directory":
+            raise
+        one = await c.instances.files.stat(a.id, a.path, follow_symlinks=a.follow_symlinks)
+        if a.output != "table":
+            emit(doc(one), a.output)
+        else:
+            emit([_ls_row(one.to_dict())], a.output, LS_COLS)
+        return
     if a.output != "table":
         emit(doc(listing), a.output)
         return
-    emit(doc(listing.items), a.output, LS_COLS)
+    emit([_ls_row(e.to_dict()) for e in listing.items], a.output, LS_COLS)
     if listing.truncated:
         print(f"(more entries than listed in {listing.path})", file=sys.stderr)

@@ -9,6 +9,7 @@ import argparse
 import base64
 import inspect
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -92,6 +93,26 @@ def test_audit_list_filters(ctl: Sandboxctl, sdk: Client, agent: AgentProcess) -
     ], table.stdout
     res = ctl("audit", "list", "--outcome", "maybe")
     assert res.returncode == 2 and "--outcome" in res.stderr
+
+
+def test_ls_lists_a_file_as_ls_does_with_readable_times(
+    ctl: Sandboxctl, agent: AgentProcess, tmp_path: Path
+) -> None:
+    one = tmp_path / "ls-one.txt"
+    one.write_text("12345")
+    os.utime(one, (1_700_000_000, 1_700_000_000))
+    when = "2023-11-14 22:13:20"  # 1_700_000_000 in UTC
+    res = ctl("instance", "ls", agent.instance_id, str(one))
+    assert res.returncode == 0, res.stderr
+    header, row = res.stdout.splitlines()
+    assert header.split() == ["NAME", "TYPE", "SIZE", "MODE", "OWNER", "GROUP", "MTIME"]
+    assert row.split()[:3] == ["ls-one.txt", "file", "5"] and row.endswith(when), row
+    listing = ctl("instance", "ls", agent.instance_id, str(tmp_path))
+    (line,) = (x for x in listing.stdout.splitlines() if x.startswith("ls-one.txt "))
+    assert line.endswith(when), listing.stdout
+    assert ctl.json("instance", "ls", agent.instance_id, str(one))["mtime"] == 1_700_000_000
+    missing = ctl("instance", "ls", agent.instance_id, str(tmp_path / "none"))
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
 
 
 def test_agentcard_get_and_verify(ctl: Sandboxctl, agent: AgentProcess, tmp_path: Path) -> None:
