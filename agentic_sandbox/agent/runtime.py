@@ -32,6 +32,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -46,6 +47,7 @@ from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
+from agentic_sandbox.agent.paths import FileRefused
 from agentic_sandbox.agent.ports import PortRelay
 from agentic_sandbox.agent.seedwatch import SeedWatcher
 from agentic_sandbox.agent.serial_link import SerialBridge
@@ -66,6 +68,7 @@ SIGNAL_NAMES = {
     pb.SIGNAL_HUP: "HUP",
 }
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+MAX_SESSION_DIRS = 8  # `OpenSession.make_dirs` at most (more: the open is refused)
 BULK_BYTES = BATCH_BYTES // 4  # a session message this large is a flood's: a stream gets a turn
 
 
@@ -176,6 +179,12 @@ class AgentRuntime:
             return self._opened(
                 sid, error=f"this agent runs at most {self.cfg.max_sessions} sessions"
             )
+        user = msg.user or self.cfg.default_user
+        try:
+            self._make_dirs(msg.make_dirs, user)
+        except FileRefused as exc:
+            log.warning("session %s could not start: %s", sid, exc.message)
+            return self._opened(sid, error=exc.message)
         try:
             sess = PtySession.spawn(
                 sid,
@@ -184,7 +193,7 @@ class AgentRuntime:
                 rows=msg.rows or 24,
                 env={**self.proxy_env, **dict(msg.env)},
                 cwd=msg.cwd,
-                user=msg.user or self.cfg.default_user,
+                user=user,
                 ring_bytes=self.cfg.ring_bytes,
                 task_id=msg.task_id,
                 on_output=self.wake,
@@ -205,6 +214,18 @@ class AgentRuntime:
             extra={"session_id": sid, "pid": sess.pid},
         )
         return self._opened(sid, pid=sess.pid)
+
+    def _make_dirs(self, paths: Sequence[str], user: str) -> None:
+        """`OpenSession.make_dirs`, with their missing parents, owned by the session's user
+        (a task's working directory and outbox): what a `file_mkdir` stream would make, with
+        the same checks (absolute, no `..`, symlinks not followed, named refusals)."""
+        if len(paths) > MAX_SESSION_DIRS:
+            raise FileRefused(
+                "bad-path", f"{len(paths)} directories to make (at most {MAX_SESSION_DIRS})"
+            )
+        ctx = files.FilesContext(self.cfg.default_user)
+        for path in paths:
+            files.make_dir(ctx, pb.FileMkdir(path=path, parents=True, owner=user))
 
     def _open_exec(
         self, stream: Stream, msg: pb.StreamOpen
@@ -346,6 +367,7 @@ class AgentRuntime:
             protocol=PROTOCOL,
             batches=True,
             acks_when_asked=True,
+            session_dirs=True,
         )
 
     def on_registered(self, ack: pb.RegisterAck) -> None:

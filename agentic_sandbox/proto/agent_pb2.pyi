@@ -279,6 +279,7 @@ class Register(_message.Message):
     BUNDLE_PROBLEM_FIELD_NUMBER: _builtins.int
     BATCHES_FIELD_NUMBER: _builtins.int
     ACKS_WHEN_ASKED_FIELD_NUMBER: _builtins.int
+    SESSION_DIRS_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     """what the agent believes it is; refused if it differs from the cert"""
     agent_version: _builtins.str
@@ -307,6 +308,10 @@ class Register(_message.Message):
     """The agent asks for the heartbeats it needs answered (`Heartbeat.want_ack`) and the server
     answers only those; without it (an older agent) the server answers every heartbeat.
     """
+    session_dirs: _builtins.bool
+    """The agent makes `OpenSession.make_dirs` before it starts a session (an older agent
+    ignores the field: the server then makes them with a file stream first).
+    """
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInventory]: ...
     @_builtins.property
@@ -334,10 +339,11 @@ class Register(_message.Message):
         bundle_problem: _builtins.str = ...,
         batches: _builtins.bool = ...,
         acks_when_asked: _builtins.bool = ...,
+        session_dirs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks_when_asked", b"acks_when_asked", "agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "batches", b"batches", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks_when_asked", b"acks_when_asked", "agent_bundle", b"agent_bundle", "agent_run_id", b"agent_run_id", "agent_version", b"agent_version", "batches", b"batches", "boot_id", b"boot_id", "budgets", b"budgets", "bundle_problem", b"bundle_problem", "hostname", b"hostname", "instance_id", b"instance_id", "protocol", b"protocol", "ring_bytes", b"ring_bytes", "session_dirs", b"session_dirs", "sessions", b"sessions", "stream_kinds", b"stream_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -817,6 +823,7 @@ class OpenSession(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
+    MAKE_DIRS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cols: _builtins.int
     rows: _builtins.int
@@ -833,6 +840,13 @@ class OpenSession(_message.Message):
     def budget(self) -> Global___Budget:
         """enforced as an exec's (own cgroup, wall clock, output bytes)"""
 
+    @_builtins.property
+    def make_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Directories (absolute, with their missing parents) the agent makes, owned by the
+        session's user, before it starts the command: a task's working directory and outbox,
+        without a file stream of their own. One it cannot make fails the open, naming it.
+        """
+
     def __init__(
         self,
         *,
@@ -845,10 +859,11 @@ class OpenSession(_message.Message):
         user: _builtins.str = ...,
         task_id: _builtins.str = ...,
         budget: Global___Budget | None = ...,
+        make_dirs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "make_dirs", b"make_dirs", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

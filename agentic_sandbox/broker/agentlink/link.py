@@ -65,6 +65,7 @@ class AgentInfo:
     budget_problem: str = ""  # why it cannot enforce the others
     agent_bundle: str = ""  # the SHA-256 of the bundle the agent runs ("": an installed one)
     bundle_problem: str = ""  # why the bundle it last tried was rolled back
+    session_dirs: bool = False  # it makes `OpenSession.make_dirs` (its Register said so)
     session_ids: frozenset[str] = frozenset()  # the sessions its registration held (any state)
 
 
@@ -156,6 +157,7 @@ class AgentConnection:
                     user=req.user,
                     task_id=req.task_id,
                     budget=req.budget.to_pb() if req.budget is not None else None,
+                    make_dirs=req.make_dirs,
                 )
             )
         )

@@ -133,6 +133,7 @@ class OpenRequest:
     user: str = ""
     task_id: str = ""
     budget: BudgetSpec | None = None  # None: no budget (no cgroup of its own)
+    make_dirs: Sequence[str] = ()  # made by the agent before the command starts
 
 
 @dataclass(slots=True)

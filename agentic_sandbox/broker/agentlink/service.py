@@ -417,6 +417,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 budget_problem=reg.budgets.problem[:512],
                 agent_bundle=reg.agent_bundle[:64],
                 bundle_problem=reg.bundle_problem[:512],
+                session_dirs=reg.session_dirs,
                 session_ids=frozenset(s.session_id[:64] for s in reg.sessions[:MAX_INVENTORY]),
             ),
         )

@@ -36,6 +36,10 @@ class TaskFilesAdapter:
         conn = self.service.registry.get(instance_id)
         return conn is not None and conn.ready and "file_upload" in conn.info.stream_kinds
 
+    def session_dirs(self, instance_id: str) -> bool:
+        conn = self.service.registry.get(instance_id)
+        return conn is not None and conn.ready and conn.info.session_dirs
+
     def _target(self, instance_id: str, owner: str) -> Target:
         conn = self.service.registry.get(instance_id)
         if conn is None or not conn.ready:

@@ -45,6 +45,9 @@ class SessionSpec:
     task_id: str | None = None  # set when the session is a task's run
     # enforced by the agent in the session's own cgroup (None: no budget, no cgroup)
     budget: BudgetSpec | None = None
+    # made by the agent before the command starts (only for an agent that says it does:
+    # `AgentInfo.session_dirs`; an older one ignores them)
+    make_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,7 @@ class SessionHub:
             user=spec.user or "",
             task_id=spec.task_id or "",
             budget=spec.budget,
+            make_dirs=spec.make_dirs,
         )
         try:
             with closed_is_unavailable:

@@ -58,6 +58,11 @@ class TaskFiles(Protocol):
         """The instance's agent is connected and transfers files."""
         ...
 
+    def session_dirs(self, instance_id: str) -> bool:
+        """The instance's agent makes a session's directories as it opens it (a task's
+        working directory and outbox without a `mkdir` of their own)."""
+        ...
+
     async def mkdir(self, instance_id: str, owner: str, path: str, user: str) -> None:
         """`path` and its missing parents, owned by `user` ("" the agent's default)."""
         ...

@@ -6,6 +6,7 @@ parts are refused naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from typing import Any
@@ -130,3 +131,29 @@ async def test_a_part_over_the_size_limit_is_refused(stack: Stack) -> None:
     with pytest.raises(sdk_errors.InvalidParamsError) as info:
         await _send(stack, _message("true", {"big.bin": b"x" * 1001}))
     assert "SANDBOX_TASK_FILE_MAX_BYTES" in str(info.value)
+
+
+async def test_the_agent_makes_a_runs_directories_as_it_opens_it(stack: Stack) -> None:
+    """Without file parts the agent makes the working directory and outbox as it opens the
+    run (no mkdir stream, no `instance.files.mkdir` row); with file parts a mkdir comes first,
+    as the audit log shows."""
+    script = 'test -d "$A2A_OUTBOX" && test "$PWD" = "$A2A_WORKDIR" && echo ok > "$A2A_OUTBOX/r"'
+    plain = await _send(stack, _message(script, {}))
+    assert state_name(plain) == "TASK_STATE_COMPLETED", plain.status
+    assert _files(plain)["r"].raw == b"ok\n"
+    with_part = await _send(stack, _message("cat in.txt", {"in.txt": b"x"}))
+    assert state_name(with_part) == "TASK_STATE_COMPLETED", with_part.status
+
+    async def mkdir_paths() -> list[str]:
+        r = await stack.server.call(
+            "GET", "/api/v2/admin/audit?actor=system:tasks&limit=1000", stack.server.admin
+        )
+        assert r.status_code == 200, r.text
+        items = r.json()["items"]
+        return [e["detail"]["path"] for e in items if e["action"] == "instance.files.mkdir"]
+
+    deadline = asyncio.get_running_loop().time() + 15
+    while not any(with_part.id in p for p in await mkdir_paths()):  # written behind
+        assert asyncio.get_running_loop().time() < deadline, await mkdir_paths()
+        await asyncio.sleep(0.2)
+    assert not [p for p in await mkdir_paths() if plain.id in p]

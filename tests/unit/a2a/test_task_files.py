@@ -38,12 +38,16 @@ def test_good_names_sizes_and_url_parts() -> None:
 
 
 class RecordingFiles:
-    def __init__(self) -> None:
+    def __init__(self, session_dirs: bool = False) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.outbox: dict[str, bytes] = {}
+        self.makes_session_dirs = session_dirs
 
     def available(self, instance_id: str) -> bool:
         return True
+
+    def session_dirs(self, instance_id: str) -> bool:
+        return self.makes_session_dirs
 
     async def mkdir(self, instance_id: str, owner: str, path: str, user: str) -> None:
         self.calls.append(("mkdir", path, user))
@@ -82,6 +86,38 @@ async def test_files_go_in_before_the_run_and_the_outbox_comes_back(env: Env) ->
     assert "outbox/dir" not in arts
     stored = await env.tasks.get(rec.id, Caller("x", "x", is_admin=True))
     assert {a["artifactId"] for a in stored.to_a2a()["artifacts"]} == set(arts)
+
+
+@pytest.mark.parametrize("agent_makes_dirs", [True, False])
+async def test_an_agent_that_makes_session_dirs_gets_the_outbox_with_the_open(
+    env: Env, agent_makes_dirs: bool
+) -> None:
+    """No file part: an agent that makes a session's directories gets the outbox in the
+    open (no mkdir of its own); an older one gets the mkdir first, as before. With file parts
+    the mkdir and the puts come first either way."""
+    files = RecordingFiles(session_dirs=agent_makes_dirs)
+    env.tasks.use_files(files)
+    await env.add_instance()
+    rec = await env.submit(parts=[{"text": "true"}])
+    (sess,) = await env.fake.wait_session()
+    outbox = f"/tmp/a2a-tasks/{rec.id}/outbox"
+    if agent_makes_dirs:
+        assert (files.calls, sess.spec.make_dirs) == ([], (outbox,))
+    else:
+        assert (files.calls, sess.spec.make_dirs) == ([("mkdir", outbox, "")], ())
+    assert sess.spec.cwd == f"/tmp/a2a-tasks/{rec.id}"
+    files.outbox = {"r.txt": b"ok"}
+    env.fake.exit(sess.id, 0)
+    done = await env.until(rec.id, TaskState.completed)
+    assert "outbox/r.txt" in {a["artifactId"] for a in done.to_a2a()["artifacts"]}
+    raw = base64.b64encode(b"hi").decode()
+    rec2 = await env.submit(parts=[{"text": "true"}, {"raw": raw, "filename": "in.txt"}])
+    (_, sess2) = await env.fake.wait_session(2)
+    assert sess2.spec.make_dirs == ()
+    assert files.calls[-2:] == [
+        ("mkdir", f"/tmp/a2a-tasks/{rec2.id}/outbox", ""),
+        ("put", f"/tmp/a2a-tasks/{rec2.id}/in.txt", "hi"),
+    ]
 
 
 async def test_file_parts_without_a_files_path_reject_the_task(env: Env) -> None:
