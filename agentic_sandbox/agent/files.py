@@ -397,6 +397,8 @@ def make_dir(ctx: FilesContext, spec: pb.FileMkdir) -> pb.FileInfo:
             if give:
                 os.fchown(fd, *ids)
             return info_of(loc.path, loc.name, os.fstat(fd))
+        except OSError as exc:
+            raise refusal(exc, loc.path) from None
         finally:
             os.close(fd)
 

@@ -170,7 +170,11 @@ def locate(
                     raise refusal(err, where) from None
                 nfd = open_dir_at(fd, part, where, follow=follow)
                 if owner is not None:
-                    os.fchown(nfd, *owner)
+                    try:
+                        os.fchown(nfd, *owner)
+                    except OSError as err:
+                        os.close(nfd)
+                        raise refusal(err, where) from None
             os.close(fd)
             fd = nfd
     except BaseException:

@@ -47,7 +47,7 @@ from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.link import DEFAULT_HEARTBEAT, Link
-from agentic_sandbox.agent.paths import FileRefused
+from agentic_sandbox.agent.paths import FileRefused, refusal
 from agentic_sandbox.agent.ports import PortRelay
 from agentic_sandbox.agent.seedwatch import SeedWatcher
 from agentic_sandbox.agent.serial_link import SerialBridge
@@ -179,9 +179,8 @@ class AgentRuntime:
             return self._opened(
                 sid, error=f"this agent runs at most {self.cfg.max_sessions} sessions"
             )
-        user = msg.user or self.cfg.default_user
         try:
-            self._make_dirs(msg.make_dirs, user)
+            self._make_dirs(msg.make_dirs, msg.user)
         except FileRefused as exc:
             log.warning("session %s could not start: %s", sid, exc.message)
             return self._opened(sid, error=exc.message)
@@ -193,7 +192,7 @@ class AgentRuntime:
                 rows=msg.rows or 24,
                 env={**self.proxy_env, **dict(msg.env)},
                 cwd=msg.cwd,
-                user=user,
+                user=msg.user or self.cfg.default_user,
                 ring_bytes=self.cfg.ring_bytes,
                 task_id=msg.task_id,
                 on_output=self.wake,
@@ -216,16 +215,21 @@ class AgentRuntime:
         return self._opened(sid, pid=sess.pid)
 
     def _make_dirs(self, paths: Sequence[str], user: str) -> None:
-        """`OpenSession.make_dirs`, with their missing parents, owned by the session's user
-        (a task's working directory and outbox): what a `file_mkdir` stream would make, with
-        the same checks (absolute, no `..`, symlinks not followed, named refusals)."""
+        """`OpenSession.make_dirs`, with their missing parents, owned by `user` (the session's
+        asked user; "": the agent's default, as a `file_mkdir` without an owner): what such a
+        stream would make, with the same checks (absolute, no `..`, symlinks not followed) and
+        any failure a refusal naming the path. On the loop, as the spawn's own user lookup and
+        fork are: local directories, made in well under a millisecond."""
         if len(paths) > MAX_SESSION_DIRS:
             raise FileRefused(
                 "bad-path", f"{len(paths)} directories to make (at most {MAX_SESSION_DIRS})"
             )
         ctx = files.FilesContext(self.cfg.default_user)
         for path in paths:
-            files.make_dir(ctx, pb.FileMkdir(path=path, parents=True, owner=user))
+            try:
+                files.make_dir(ctx, pb.FileMkdir(path=path, parents=True, owner=user))
+            except OSError as exc:
+                raise refusal(exc, path) from None
 
     def _open_exec(
         self, stream: Stream, msg: pb.StreamOpen

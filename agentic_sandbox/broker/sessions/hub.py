@@ -232,6 +232,11 @@ class SessionHub:
 
     async def create(self, spec: SessionSpec, *, actor: str) -> str:
         conn = self.commands.link(spec.instance_id)
+        if spec.make_dirs and not conn.info.session_dirs:  # it would ignore them: refused here
+            raise SessionStartFailed(
+                f"the agent of instance {spec.instance_id!r} does not make a session's "
+                f"directories (agent version {conn.info.agent_version or 'unknown'})"
+            )
         live = self._sessions.live_count(spec.instance_id)
         if live >= self.settings.session_max_per_instance:
             raise TooManySessions(

@@ -24,6 +24,7 @@ from agentic_sandbox.broker.sessions.contract import (
     SessionService,
     SessionSpec,
 )
+from agentic_sandbox.broker.sessions.hub import SessionStartFailed
 from agentic_sandbox.broker.store import models as m
 from tests.support.agents import AgentProcess
 from tests.support.server import free_port
@@ -137,6 +138,34 @@ async def test_session_service_contract(tmp_path: Path) -> None:
         await hub.kill(sid2, actor="task:test")
         status2 = await asyncio.wait_for(hub.wait_exit(sid2), 20)
         assert status2.signal in ("HUP", "KILL") and status2.code is None
+
+        # The agent makes a session's directories before it starts it (a task's outbox) ...
+        outbox = tmp_path / "work" / "t1" / "outbox"
+        sid3 = await hub.create(
+            SessionSpec(
+                instance_id="contract-1",
+                owner="alice",
+                command=["bash", "-c", 'test "$PWD" = "$0" && exit 7', str(outbox.parent)],
+                cwd=str(outbox.parent),
+                make_dirs=(str(outbox),),
+            ),
+            actor="task:test",
+        )
+        assert (await asyncio.wait_for(hub.wait_exit(sid3), 20)).code == 7 and outbox.is_dir()
+        # ... and one that does not say it does (an older agent) is not sent them
+        conn = link.registry.get("contract-1")  # type: ignore[attr-defined]
+        conn.info.session_dirs = False
+        with pytest.raises(SessionStartFailed, match="does not make a session's directories"):
+            await hub.create(
+                SessionSpec(
+                    instance_id="contract-1",
+                    owner="alice",
+                    command=["true"],
+                    make_dirs=(str(tmp_path / "never"),),
+                ),
+                actor="task:test",
+            )
+        assert not (tmp_path / "never").exists()
     finally:
         if agent is not None:
             agent.stop()
