@@ -848,14 +848,20 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
             await asyncio.sleep(0.2)
         connect_s = time.perf_counter() - t_conn
 
+        def metric(series: str) -> float | None:
+            """One sample of the server's /metrics (None when it has no such series)."""
+            _status, text = server.api("GET", "/metrics")
+            for line in (text.decode() if isinstance(text, bytes) else "").splitlines():
+                if line.startswith(series + " "):
+                    return float(line[len(series) + 1 :])
+            return None
+
         def full_collections() -> int:
             """The server's full (generation 2) garbage collections so far."""
-            _status, text = server.api("GET", "/metrics")
-            series = 'python_gc_collections_total{generation="2"} '
-            for line in (text.decode() if isinstance(text, bytes) else "").splitlines():
-                if line.startswith(series):
-                    return int(float(line[len(series) :]))
-            raise SystemExit("the server's /metrics has no python_gc_collections_total")
+            got = metric('python_gc_collections_total{generation="2"}')
+            if got is None:
+                raise SystemExit("the server's /metrics has no python_gc_collections_total")
+            return int(got)
 
         # settle: every agent has sent a heartbeat, and the full collection that the connect
         # storm's new long-lived objects cause has run (a one-off, not a heartbeat's cost:
@@ -884,11 +890,7 @@ async def bench_agent_links(tmp: Path, count: int, window: float) -> None:
         c1, w1, hb1, an1 = cpu(), time.perf_counter(), heartbeats, answers
         gc1 = full_collections()
         rss = rss_mib()
-        _status, text = server.api("GET", "/metrics")
-        connected = 0.0
-        for line in (text.decode() if isinstance(text, bytes) else "").splitlines():
-            if line.startswith('sandbox_agents{state="connected"}'):
-                connected = float(line.split()[-1])
+        connected = metric('sandbox_agents{state="connected"}') or 0.0
         stop.set()
         await asyncio.wait_for(asyncio.gather(*agents, return_exceptions=True), 60)
         RESULTS["agent_links"] = {

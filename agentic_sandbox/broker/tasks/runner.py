@@ -182,12 +182,9 @@ class TaskRunner:
         env = dict(plan.env)
         # the working directory and outbox: made by the agent as it opens the run's session
         # when it can and no file part must be written there first, else by a mkdir before it
-        in_open = (
-            work is not None
-            and not plan.files
-            and self.files is not None
-            and self.files.session_dirs(rec.instance_id)
-        )
+        make_dirs: tuple[str, ...] = ()
+        if work is not None and not plan.files and self.files is not None:
+            make_dirs = (work.outbox,) if self.files.session_dirs(rec.instance_id) else ()
         if work is not None:
             env.update(work.env())
         spec = SessionSpec(
@@ -200,11 +197,11 @@ class TaskRunner:
             name=f"task {rec.id[:8]}",
             task_id=rec.id,
             budget=agent_budget_spec(plan.budget) if plan.budget is not None else None,
-            make_dirs=(work.outbox,) if in_open and work is not None else (),
+            make_dirs=make_dirs,
         )
         run.budget = plan.budget.model_dump(mode="json") if plan.budget is not None else None
         try:
-            if work is not None and not in_open:
+            if work is not None and not make_dirs:
                 await self._prepare_files(live, plan, work)
             elif plan.files:
                 raise TaskFileError("the instance's agent does not transfer files")
