@@ -3,11 +3,16 @@
 The agent's first message is `register` with its session inventory; the server answers with
 where each session's output resumes and which sessions to end. Then three tasks share the
 connection: the sender (queued messages first, then session output as each session's flow
-allows), heartbeats (a link silent for three intervals is dead — a restored clone notices that
-its old connection leads nowhere — so a heartbeat asks for an answer when nothing has been heard
-for one and a half, and on a new link's first: on an idle link the server answers every second
+allows), heartbeats (a heartbeat asks for an answer when nothing has been heard for three and a
+half intervals, and on a new link's first: on an idle link the server answers every fourth
 one), and renewal of the certificate on this connection's channel. The reader dispatches what
 the server sends.
+
+A link is dead when nothing has been heard for five intervals *and* the first ask since the
+server last spoke has gone unanswered for three (at least 5 s): an answer always has that long
+to arrive, however late in the silence the ask went out. (Silence alone left an ask between
+one and two and a half intervals: a starved guest's answer, a second or two late, took a live
+link for dead.) A restored clone does not wait for this: its new seed cancels the old link.
 
 `LinkOwner` is what the link needs of the agent (the runtime implements it).
 """
@@ -41,6 +46,7 @@ DEFAULT_HEARTBEAT = 5.0
 # links, answering every second heartbeat was about a quarter of its link CPU.)
 ASK_AFTER_INTERVALS = 3.5
 SILENCE_INTERVALS = 5
+ANSWER_INTERVALS = 3  # how long an asked answer may take before the link is dead
 
 
 class LinkOwner(Protocol):
@@ -72,6 +78,8 @@ class Link:
         self.batches = False  # the server takes batches (its RegisterAck said so)
         self.connect_seconds = 0.0  # channel, handshake and registration of the last connect
         self.heard_at = 0.0  # loop time of the server's last message on this connection
+        self.asked_at: float | None = None  # loop time of the first ask since then
+        self._silence: asyncio.Timeout | None = None  # ends the reads when the link is dead
 
     def silence_limit(self) -> float:
         """A link that says nothing for this long is dead (a heartbeat asks for an answer after
@@ -81,6 +89,15 @@ class Link:
     def ask_after(self) -> float:
         """A heartbeat asks for an answer when the server has been silent this long."""
         return ASK_AFTER_INTERVALS * self.owner.heartbeat_interval
+
+    def answer_limit(self) -> float:
+        """An ask unanswered for this long (with the silence limit passed) is a dead link."""
+        return max(ANSWER_INTERVALS * self.owner.heartbeat_interval, 5.0)
+
+    def dead_at(self) -> float:
+        """Loop time at which the link is dead if nothing is heard before."""
+        silent = self.heard_at + self.silence_limit()
+        return silent if self.asked_at is None else max(silent, self.asked_at + self.answer_limit())
 
     def cancel(self) -> None:
         if self.call is not None:
@@ -115,13 +132,14 @@ class Link:
                 asyncio.create_task(self._renewals(), name="agent-renewal"),
             ]
             loop = asyncio.get_running_loop()
-            limit = self.silence_limit()
             try:
-                async with asyncio.timeout(limit) as silence:
+                async with asyncio.timeout_at(self.dead_at()) as silence:
+                    self._silence = silence
                     while True:
                         msg = await call.read()
-                        self.heard_at = now = loop.time()
-                        silence.reschedule(now + limit)
+                        self.heard_at = loop.time()
+                        self.asked_at = None
+                        silence.reschedule(self.dead_at())
                         if msg is grpc.aio.EOF:
                             return
                         if msg.WhichOneof("body") == "batch":
@@ -132,8 +150,15 @@ class Link:
                             if t.done() and not t.cancelled():
                                 t.result()  # surface a failed sender
             except TimeoutError:
-                raise ConnectionError(f"the link was silent for {limit:.0f}s") from None
+                now = loop.time()
+                asked = ""
+                if self.asked_at is not None:
+                    asked = f", {now - self.asked_at:.1f}s after asking"
+                raise ConnectionError(
+                    f"the link was silent for {now - self.heard_at:.1f}s{asked}"
+                ) from None
         finally:
+            self._silence = None
             self.up = False
             self.call = None
             for t in tasks:
@@ -188,6 +213,11 @@ class Link:
         ask = True  # the first: a restored guest steps its clock at once
         while True:
             self.owner.queue_heartbeat(ask)
+            if ask and self.asked_at is None:
+                # the answer's time starts now: the link is not dead before it has passed
+                self.asked_at = loop.time()
+                if self._silence is not None:
+                    self._silence.reschedule(self.dead_at())
             await asyncio.sleep(self.owner.heartbeat_interval)
             ask = loop.time() - self.heard_at >= self.ask_after()
 

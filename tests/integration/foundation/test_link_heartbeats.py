@@ -3,14 +3,21 @@ answered (`Heartbeat.want_ack`, once its Register says `acks_when_asked`), and e
 an agent that does not say so. The real agent asks when it has heard nothing for three and a
 half intervals, so an idle link carries a quarter of the answers and still never looks silent.
 
-A real server subprocess, a real host agent, and a crafted agent for the server's rule.
-Loopback only.
+Answers can be late: a link is dead only when an ask has gone unanswered for three intervals
+(at least 5 s), so a slow path back — a starved guest's — keeps its link; a path that answers
+nothing still ends it.
+
+A real server subprocess, a real host agent (behind a loopback relay that holds what the server
+sends), and a crafted agent for the server's rule. Loopback only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +25,8 @@ from agentic_sandbox.proto import agent_pb2 as pb
 from tests.support.agents import register_host_instance
 from tests.support.crafted import CraftedAgent
 from tests.support.fixtures import AgentFactory, ServerFactory, unique_id
+from tests.support.polling import wait_until
+from tests.support.relay import CuttingRelay
 from tests.support.sessions import metric
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,3 +91,48 @@ async def test_the_server_answers_what_the_agent_asked_for(
         assert answers == (1 if asks else 4)
     finally:
         await link.close()
+
+
+@contextlib.contextmanager
+def relay_thread(port: int) -> Iterator[CuttingRelay]:
+    """A relay in front of `port` on its own loop and thread (the test's agent calls block)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    relay = asyncio.run_coroutine_threadsafe(CuttingRelay(port).start(), loop).result(5)
+    try:
+        yield relay
+    finally:
+        asyncio.run_coroutine_threadsafe(relay.stop(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_a_late_answer_keeps_the_link_and_no_answer_ends_it(
+    server_factory: ServerFactory, agent_factory: AgentFactory
+) -> None:
+    """Heartbeats every 0.5 s: the agent asks after 1.75 s of silence, and used to take the link
+    for dead after 5 s of it, answered or not. With the server's answers 3.5 s late an ask went
+    out 1.75-2.25 s into a silence and its answer came 5.25-5.75 s into it: a live link torn
+    down every few seconds. Now the ask has 5 s of its own."""
+    server = server_factory()
+    with relay_thread(server.grpc_port) as relay:
+        agent = agent_factory(
+            server, unique_id("late-answers"), extra_args=["--server", f"127.0.0.1:{relay.port}"]
+        )
+        registers = metric(server, MESSAGES, REGISTERS)
+        relay.delay = 3.5
+        time.sleep(15.0)  # three of the old silence limits
+        assert metric(server, MESSAGES, REGISTERS) == registers, agent.log_text()[-3000:]
+        assert "silent" not in agent.log_text()
+        state = server.ok("GET", f"/api/v2/admin/agents/{agent.instance_id}")["state"]
+        assert state == "connected"
+        # answers that never come end the link: after the silence limit and the ask's own
+        # time (5 + at most ~7 s), the agent says so and connects again once the path is back
+        relay.delay = 60.0
+        wait_until(lambda: "the link was silent for" in agent.log_text(), "link ends", 20)
+        line = next(x for x in agent.log_text().splitlines() if "the link was silent for" in x)
+        assert "after asking" in line, line
+        relay.delay = 0.0
+        wait_until(lambda: metric(server, MESSAGES, REGISTERS) > registers, "link back", 30)
