@@ -2,10 +2,12 @@
 
 Registered for every tier by `tests/conftest.py` (`pytest_plugins`).
 
-- `server_factory(**env)` starts a `ServerProcess` (stopped at teardown, log tail shown on
-  failure); `sandbox_server` is one per test module with test-friendly settings.
+- `server_factory(**env)` starts a `ServerProcess` (stopped at teardown); `sandbox_server` is one per test module with test-friendly settings.
 - `agent_factory(server, instance_id)` registers a host instance, enrolls and starts an
   agent-client, and waits until the server reports it connected.
+
+A failing test's report carries the last lines of every server subprocess still running (an
+e2e failure in CI is otherwise only its assertion: the link closes and their reasons are there).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.agents import AgentProcess, start_agent
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, running_servers
 
 # Settings that keep tests fast; a test may override any of them.
 TEST_SERVER_ENV = {
@@ -31,6 +33,16 @@ TEST_SERVER_ENV = {
 }
 
 _ids = itertools.count(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and report.failed:
+        for server in running_servers():
+            title = f"sandbox-server log, last 80 lines ({server.log_path})"
+            report.sections.append((title, server.log_tail(80)))
 
 
 def unique_id(prefix: str) -> str:

@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,14 @@ def free_port() -> int:
             _GIVEN.add(port)
             return port
     raise RuntimeError("no loopback port left that this process has not handed out")
+
+
+# every server a test started, so a failing test's report can show their logs' tails
+STARTED: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+
+def running_servers() -> list[ServerProcess]:
+    return [s for s in STARTED if s.alive()]
 
 
 class ServerProcess:
@@ -140,6 +149,7 @@ class ServerProcess:
             preexec_fn=die_with_parent,
         )
         log.close()
+        STARTED.add(self)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
