@@ -2,7 +2,8 @@
 
 Registered for every tier by `tests/conftest.py` (`pytest_plugins`).
 
-- `server_factory(**env)` starts a `ServerProcess` (stopped at teardown); `sandbox_server` is one per test module with test-friendly settings.
+- `server_factory(**env)` starts a `ServerProcess` (stopped at teardown); `sandbox_server`
+  is one per test module with test-friendly settings.
 - `agent_factory(server, instance_id)` registers a host instance, enrolls and starts an
   agent-client, and waits until the server reports it connected.
 
