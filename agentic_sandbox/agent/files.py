@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import secrets
@@ -67,6 +68,7 @@ WINDOW = 4 * 1024 * 1024  # what an upload grants per channel: bulk, fewer credi
 #: waits behind at most one (a quarter of a millisecond on loopback)
 FRAME = 256 * 1024
 LIST_LIMIT = 10_000
+EXIT_LIST_LIMIT = 128  # a session's exit listing (proto: `SessionExit.listing`)
 KINDS = ("file_upload", "file_download", "file_stat", "file_list", "file_mkdir", "file_remove")
 
 
@@ -371,6 +373,37 @@ def list_path(spec: pb.FileList) -> pb.FileListing:
         return out
     except OSError as exc:
         raise refusal(exc, loc.path) from None
+    finally:
+        os.close(fd)
+
+
+def exit_listing(path: str, limit: int = EXIT_LIST_LIMIT) -> pb.FileListing | None:
+    """`path` listed as `list_path` lists it (symlinks not followed), for a session's exit
+    (`OpenSession.list_on_exit`): on the loop, so the scan stops past `limit` names and a
+    directory with more, or one that cannot be listed, is None (the server lists it with a
+    stream instead, in the stream's thread, and names any error)."""
+    try:
+        with locate(path) as loc:
+            fd = _open_target_dir(loc, False)
+    except (FileRefused, OSError):
+        return None
+    try:
+        with os.scandir(fd) as entries:
+            names = [e.name for e in itertools.islice(entries, limit + 1)]
+        if len(names) > limit:
+            return None
+        out = pb.FileListing()
+        base = loc.path.rstrip("/")
+        for name in sorted(names):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                link = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else ""
+            except OSError:
+                continue  # gone since the listing
+            out.entries.append(info_of(f"{base}/{name}", name, st, link))
+        return out
+    except OSError:
+        return None
     finally:
         os.close(fd)
 

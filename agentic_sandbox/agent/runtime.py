@@ -204,6 +204,7 @@ class AgentRuntime:
         except SpawnError as exc:
             log.warning("session %s could not start: %s", sid, exc)
             return self._opened(sid, error=str(exc))
+        sess.list_on_exit = msg.list_on_exit
         self.sessions[sid] = sess
         log.info(
             "session %s started (pid %d, %s)",

@@ -42,6 +42,7 @@ from typing import Any
 
 from ptyprocess import PtyProcess
 
+from agentic_sandbox.agent import files
 from agentic_sandbox.agent.cgroups import (
     BudgetRefused,
     Cgroups,
@@ -152,6 +153,11 @@ class PtySession:
         self.finished = False  # exited and drained: only the exit report is left
         self.exit_sent = False
         self.forget = False
+        # `OpenSession.list_on_exit`, listed once into the exit (not kept by the keeper: a
+        # session adopted after a restart exits without it, and the server lists by stream)
+        self.list_on_exit = ""
+        self._exit_listing: pb.FileListing | None = None
+        self._listed = False
         self._on_output = on_output
         self._on_finish = on_finish
         self._reading = False
@@ -387,11 +393,15 @@ class PtySession:
             return msg, None
         if self.finished and not self.exit_sent and self.exit is not None:
             self.exit_sent = True
-            return pb.AgentMessage(
-                exit=pb.SessionExit(
-                    session_id=self.id, end_offset=self.ring.end, exit=self.exit_info()
-                )
-            ), None
+            if self.list_on_exit and not self._listed:
+                self._listed = True
+                self._exit_listing = files.exit_listing(self.list_on_exit)
+            ended = pb.SessionExit(
+                session_id=self.id, end_offset=self.ring.end, exit=self.exit_info()
+            )
+            if self._exit_listing is not None:
+                ended.listing.CopyFrom(self._exit_listing)
+            return pb.AgentMessage(exit=ended), None
         return None, None
 
     def ack(self, offset: int) -> None:

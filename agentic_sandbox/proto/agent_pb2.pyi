@@ -596,20 +596,30 @@ class SessionExit(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     END_OFFSET_FIELD_NUMBER: _builtins.int
     EXIT_FIELD_NUMBER: _builtins.int
+    LISTING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     end_offset: _builtins.int
     @_builtins.property
     def exit(self) -> Global___ExitInfo: ...
+    @_builtins.property
+    def listing(self) -> Global___FileListing:
+        """`OpenSession.list_on_exit` as it was when the process had ended, as a `file_list` stream
+        would have listed it (by name, symlinks not followed). Absent when not asked, when the
+        directory could not be listed or held more than 128 entries, or for a session the agent
+        adopted after a restart: the server then lists it with a stream, which names any error.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         end_offset: _builtins.int = ...,
         exit: Global___ExitInfo | None = ...,
+        listing: Global___FileListing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "listing", b"listing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "exit", b"exit", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "exit", b"exit", "listing", b"listing", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -702,11 +712,11 @@ Global___ServerBatch: _TypeAlias = ServerBatch  # noqa: Y015
 @_typing.final
 class HeartbeatAck(_message.Message):
     """The server answers a heartbeat that asks (`want_ack`), or every heartbeat of an agent that does
-    not say `Register.acks_when_asked`. The agent treats a link silent for three heartbeat intervals
-    as dead (a restored clone notices that its old connection leads nowhere), so it asks whenever it
-    has heard nothing for one and a half: on an idle link that is every second heartbeat. It also
-    asks on a new link's first heartbeat and while a bundle is on trial, and steps its clock to the
-    answer's time.
+    not say `Register.acks_when_asked`. The agent asks whenever it has heard nothing for three and a
+    half heartbeat intervals (on an idle link, every fourth heartbeat), on a new link's first
+    heartbeat and while a bundle is on trial, and steps its clock to the answer's time. It treats
+    the link as dead when nothing has been heard for five intervals and its first ask since has gone
+    unanswered for three (at least 5 s).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -824,12 +834,18 @@ class OpenSession(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     MAKE_DIRS_FIELD_NUMBER: _builtins.int
+    LIST_ON_EXIT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cols: _builtins.int
     rows: _builtins.int
     cwd: _builtins.str
     user: _builtins.str
     task_id: _builtins.str
+    list_on_exit: _builtins.str
+    """A directory (absolute) the agent lists into `SessionExit.listing` when the process has
+    ended: a task's outbox, without a file stream after the run. (An older agent ignores it:
+    its exit has no listing, and the server lists the directory with a stream.)
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: the user's login shell"""
@@ -860,10 +876,11 @@ class OpenSession(_message.Message):
         task_id: _builtins.str = ...,
         budget: Global___Budget | None = ...,
         make_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        list_on_exit: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "make_dirs", b"make_dirs", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "list_on_exit", b"list_on_exit", "make_dirs", b"make_dirs", "rows", b"rows", "session_id", b"session_id", "task_id", b"task_id", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -158,6 +158,7 @@ class AgentConnection:
                     task_id=req.task_id,
                     budget=req.budget.to_pb() if req.budget is not None else None,
                     make_dirs=req.make_dirs,
+                    list_on_exit=req.list_on_exit,
                 )
             )
         )

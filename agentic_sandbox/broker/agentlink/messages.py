@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agentic_sandbox.broker.agentlink.stream_kinds import BudgetSpec
+from agentic_sandbox.broker.agentlink.stream_kinds import BudgetSpec, FileInfo
 from agentic_sandbox.proto import agent_pb2 as pb
 
 SignalName = Literal["INT", "TERM", "KILL", "HUP"]
@@ -37,6 +37,9 @@ class ExitReport:
     peak_memory_bytes: int = 0
     output_bytes: int = 0
     enforcement: str = ""  # how its budget was enforced: cgroup-v2, cgroup-v1, none
+    # `OpenRequest.list_on_exit` as the process left it (None: not listed — not asked, an
+    # older agent, or the agent could not; then a file stream lists it)
+    listing: list[FileInfo] | None = None
 
     @classmethod
     def from_pb(cls, info: pb.ExitInfo) -> ExitReport:
@@ -85,7 +88,10 @@ class Exited:
 
     @classmethod
     def from_pb(cls, msg: pb.SessionExit) -> Exited:
-        return cls(msg.session_id, msg.end_offset, ExitReport.from_pb(msg.exit))
+        report = ExitReport.from_pb(msg.exit)
+        if msg.HasField("listing"):
+            report.listing = [FileInfo.from_pb(e) for e in msg.listing.entries]
+        return cls(msg.session_id, msg.end_offset, report)
 
 
 @dataclass(slots=True)
@@ -134,6 +140,7 @@ class OpenRequest:
     task_id: str = ""
     budget: BudgetSpec | None = None  # None: no budget (no cgroup of its own)
     make_dirs: Sequence[str] = ()  # made by the agent before the command starts
+    list_on_exit: str = ""  # listed by the agent into the exit (`ExitReport.listing`)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agentic_sandbox.broker.agentlink import BudgetSpec
+from agentic_sandbox.broker.agentlink import BudgetSpec, FileInfo
+
+MAX_EXIT_LISTING = 128  # the agent lists at most this many (proto: `SessionExit.listing`)
 
 
 class SessionError(Exception):
@@ -48,6 +50,9 @@ class SessionSpec:
     # made by the agent before the command starts (only for an agent that says it does:
     # `AgentInfo.session_dirs`; an older one ignores them)
     make_dirs: tuple[str, ...] = ()
+    # a directory the agent lists into the exit (`ExitStatus.listing`) when the process has
+    # ended: a task's outbox (an older agent ignores it: its exit has no listing)
+    list_on_exit: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class ExitStatus:
     reason: str = ""
     exceeded: str = ""  # the budget that ended it: timeout, memory, pids, output-limit
     usage: RunUsage | None = None  # what it used, as its agent measured it (None: not known)
+    # `SessionSpec.list_on_exit` as the process left it, at most `MAX_EXIT_LISTING` entries,
+    # untrusted as every agent report (None: not listed; ask the files path)
+    listing: tuple[FileInfo, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,7 @@ class SessionHub:
             task_id=spec.task_id or "",
             budget=spec.budget,
             make_dirs=spec.make_dirs,
+            list_on_exit=spec.list_on_exit,
         )
         try:
             with closed_is_unavailable:

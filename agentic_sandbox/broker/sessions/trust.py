@@ -22,7 +22,7 @@ from prometheus_client import Counter as MetricCounter
 from agentic_sandbox.broker.agentlink import AgentConnection, ExitReport, Inventory
 from agentic_sandbox.broker.observability.metrics import Metrics
 from agentic_sandbox.broker.sessions import protocol as proto
-from agentic_sandbox.broker.sessions.contract import ExitStatus, RunUsage
+from agentic_sandbox.broker.sessions.contract import MAX_EXIT_LISTING, ExitStatus, RunUsage
 from agentic_sandbox.broker.sessions.ids import is_session_id, shown
 from agentic_sandbox.broker.sessions.session import HubSession
 from agentic_sandbox.broker.sessions.table import SessionTable
@@ -71,6 +71,12 @@ def exit_status(report: ExitReport) -> ExitStatus:
         reason=reason,
         exceeded=exceeded,
         usage=usage if report.enforcement else None,  # an agent that predates budgets: unknown
+        # more than the agent lists is not a listing: the files path lists it instead
+        listing=(
+            tuple(report.listing)
+            if report.listing is not None and len(report.listing) <= MAX_EXIT_LISTING
+            else None
+        ),
     )
 
 

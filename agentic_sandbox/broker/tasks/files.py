@@ -31,6 +31,7 @@ import base64
 import binascii
 import mimetypes
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -184,6 +185,7 @@ def _media_type(name: str) -> str:
 
 async def outbox_artifacts(
     files: TaskFiles,
+    listing: Sequence[FileInfo] | None,
     *,
     instance_id: str,
     owner: str,
@@ -191,11 +193,14 @@ async def outbox_artifacts(
     inline_bytes: int,
     public_url: str,
 ) -> list[dict[str, Any]]:
-    """The run's outbox files as A2A artifacts (raw bytes when small, else a download URL)."""
-    try:
-        entries = await files.listing(instance_id, owner, work.outbox)
-    except ProblemError as exc:
-        raise TaskFileError(exc.detail) from None
+    """The run's outbox files as A2A artifacts (raw bytes when small, else a download URL).
+    `listing`: the outbox as the agent listed it with the run's exit (None: list it now)."""
+    entries = listing
+    if entries is None:
+        try:
+            entries = await files.listing(instance_id, owner, work.outbox)
+        except ProblemError as exc:
+            raise TaskFileError(exc.detail) from None
     out: list[dict[str, Any]] = []
     for entry in sorted(entries, key=lambda e: e.name)[:MAX_OUTBOX]:
         if entry.type != "file" or "/" in entry.name or entry.name in ("", ".", ".."):

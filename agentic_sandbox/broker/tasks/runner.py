@@ -26,9 +26,10 @@ import contextlib
 import logging
 import posixpath
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from agentic_sandbox.broker.agentlink import FileInfo
 from agentic_sandbox.broker.config import Settings
 from agentic_sandbox.broker.http.problems import ProblemError
 from agentic_sandbox.broker.sessions import (
@@ -198,6 +199,8 @@ class TaskRunner:
             task_id=rec.id,
             budget=agent_budget_spec(plan.budget) if plan.budget is not None else None,
             make_dirs=make_dirs,
+            # the outbox comes back with the exit (an agent that cannot: a listing stream)
+            list_on_exit=work.outbox if work is not None else "",
         )
         run.budget = plan.budget.model_dump(mode="json") if plan.budget is not None else None
         try:
@@ -377,7 +380,7 @@ class TaskRunner:
         meta: dict[str, object] = {}
         work = self._workdir(rec.instance_id, rec.id)
         if work is not None and not (status.lost or run.cancel_requested or rec.state.terminal):
-            await self._collect_outbox(live, work, meta)
+            await self._collect_outbox(live, work, meta, status.listing)
         if status.code is not None:
             meta["exitCode"] = status.code
         if status.signal:
@@ -452,12 +455,19 @@ class TaskRunner:
         finally:
             self._on_run_end(live)
 
-    async def _collect_outbox(self, live: LiveTask, work: WorkDir, meta: dict[str, object]) -> None:
+    async def _collect_outbox(
+        self,
+        live: LiveTask,
+        work: WorkDir,
+        meta: dict[str, object],
+        listing: Sequence[FileInfo] | None,
+    ) -> None:
         files, rec = self.files, live.record
         assert files is not None
         try:
             arts = await outbox_artifacts(
                 files,
+                listing,
                 instance_id=rec.instance_id,
                 owner=rec.owner,
                 work=work,

@@ -157,3 +157,27 @@ async def test_the_agent_makes_a_runs_directories_as_it_opens_it(stack: Stack) -
         assert asyncio.get_running_loop().time() < deadline, await mkdir_paths()
         await asyncio.sleep(0.2)
     assert not [p for p in await mkdir_paths() if plain.id in p]
+
+
+async def test_the_outbox_comes_back_with_the_runs_exit(stack: Stack) -> None:
+    """The agent lists the outbox as the run ends (`SessionExit.listing`): a task whose outbox
+    stays empty sends no stream to the agent at all (before: a listing stream after every
+    run), and one that leaves a small file has only that file's read."""
+
+    async def streams_out() -> float:
+        r = await stack.server.call("GET", "/metrics", stack.server.admin)
+        assert r.status_code == 200, r.text
+        line = 'sandbox_grpc_messages_total{direction="out",kind="stream"} '
+        found = [x for x in r.text.splitlines() if x.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    before = await streams_out()
+    empty = await _send(stack, _message("true", {}))
+    assert state_name(empty) == "TASK_STATE_COMPLETED", empty.status
+    assert _files(empty) == {}
+    assert await streams_out() == before
+    one = await _send(stack, _message('echo hi > "$A2A_OUTBOX/o.txt"', {}))
+    assert state_name(one) == "TASK_STATE_COMPLETED", one.status
+    assert _files(one)["o.txt"].raw == b"hi\n"
+    # the read's open, and nothing of a listing stream (which sent two)
+    assert await streams_out() - before == 1

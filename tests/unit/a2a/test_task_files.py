@@ -56,12 +56,14 @@ class RecordingFiles:
         self.calls.append(("put", path, data.decode()))
 
     async def listing(self, instance_id: str, owner: str, path: str) -> list[FileInfo]:
+        self.calls.append(("list", path))
         return [
             FileInfo(f"{path}/{n}", n, "file", len(d), 0o644, 0, 0, "", "", 0, "")
             for n, d in self.outbox.items()
         ] + [FileInfo(f"{path}/dir", "dir", "directory", 0, 0o755, 0, 0, "", "", 0, "")]
 
     async def read(self, instance_id: str, owner: str, path: str, limit: int) -> bytes:
+        self.calls.append(("read", path))
         return self.outbox[path.rsplit("/", 1)[1]]
 
 
@@ -124,3 +126,39 @@ async def test_file_parts_without_a_files_path_reject_the_task(env: Env) -> None
     await env.add_instance()
     rec = await env.submit(parts=[{"text": "true"}, {"raw": "aGk=", "filename": "a"}])
     assert rec.state is TaskState.rejected and "files not supported" in str(rec.status_message)
+
+
+def _info(outbox: str, name: str, kind: str, size: int) -> FileInfo:
+    return FileInfo(f"{outbox}/{name}", name, kind, size, 0o644, 0, 0, "", "", 0, "")
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed-with-the-exit", "older-agent"])
+async def test_the_outbox_listing_comes_with_the_exit(env: Env, listed: bool) -> None:
+    """The run's session asks the agent to list the outbox on exit: with that listing the
+    server opens no listing stream (only the small files' reads); an exit without one (an
+    older agent, a listing the agent could not make) is listed by a stream, as before.
+    Entries an agent should not send (a name with a slash, `..`) are skipped either way."""
+    files = RecordingFiles(session_dirs=True)
+    env.tasks.use_files(files)
+    await env.add_instance()
+    rec = await env.submit(parts=[{"text": "true"}])
+    (sess,) = await env.fake.wait_session()
+    outbox = f"/tmp/a2a-tasks/{rec.id}/outbox"
+    assert sess.spec.list_on_exit == outbox
+    files.outbox = {"r.txt": b"ok"}
+    listing = (
+        (
+            _info(outbox, "r.txt", "file", 2),
+            _info(outbox, "sub", "directory", 0),
+            _info(outbox, "../escape", "file", 2),
+            _info(outbox, "..", "file", 2),
+        )
+        if listed
+        else None
+    )
+    env.fake.exit(sess.id, 0, listing=listing)
+    done = await env.until(rec.id, TaskState.completed)
+    assert {a["artifactId"] for a in done.to_a2a()["artifacts"]} >= {"outbox/r.txt"}
+    assert "outbox/sub" not in {a["artifactId"] for a in done.to_a2a()["artifacts"]}
+    read = ("read", f"{outbox}/r.txt")
+    assert files.calls == ([read] if listed else [("list", outbox), read])
