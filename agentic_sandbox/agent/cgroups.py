@@ -46,7 +46,6 @@ import contextlib
 import errno
 import logging
 import os
-import pwd
 import select
 import signal
 from collections.abc import Callable
@@ -144,25 +143,6 @@ def _pid_alive(pid: int) -> bool:
 
 
 # ================================================================================== shared by runs
-def child_setup(
-    join_fds: list[int], user: pwd.struct_passwd | None, groups: list[int]
-) -> Callable[[], None]:
-    """What a run's child does between fork and exec (an exec's and a PTY session's alike):
-    join the run's cgroups (as root), then become the user. Only system calls on values the
-    parent prepared (`groups`: `os.getgrouplist` of the user)."""
-
-    def setup() -> None:
-        pid = str(os.getpid()).encode()
-        for fd in join_fds:
-            os.write(fd, pid)
-        if user is not None:
-            os.setgroups(groups)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-
-    return setup
-
-
 def kill_run(cg: RunCgroup | None, pgid: int) -> None:
     """SIGKILL everything of a run: its cgroup (when it has one) and its process group."""
     if cg is not None:
@@ -196,7 +176,6 @@ class RunCgroup:
     version: int
     dirs: dict[str, Path]
     budget: pb.Budget
-    _procs_fds: list[int] = field(default_factory=list)
     _watch_fds: list[int] = field(default_factory=list)
     _epoll: select.epoll | None = None
     _timer: asyncio.TimerHandle | None = None
@@ -211,25 +190,12 @@ class RunCgroup:
     def _dir(self, controller: str) -> Path | None:
         return self.dirs.get("" if self.version == 2 else controller)
 
-    def open_join_fds(self) -> list[int]:
-        """Descriptors of every `cgroup.procs` the child writes itself into (between fork and
-        exec, while still root)."""
-        for d in dict.fromkeys(self.dirs.values()):
-            self._procs_fds.append(os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
-        return list(self._procs_fds)
-
     def join(self, pid: int) -> None:
         """Put `pid` (a child held before its exec, see `exec.py`) into every cgroup of the run,
         from the parent."""
         value = str(pid)
         for d in dict.fromkeys(self.dirs.values()):
             _write(d / "cgroup.procs", value)
-
-    def close_join_fds(self) -> None:
-        for fd in self._procs_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._procs_fds.clear()
 
     # ---- limits ------------------------------------------------------------------------------
     def apply(self) -> None:
@@ -418,7 +384,6 @@ class RunCgroup:
     def remove(self, loop: asyncio.AbstractEventLoop | None = None, tries: int = 0) -> None:
         """Remove the run's cgroups (once the kernel has let go of its last process)."""
         self.unwatch()
-        self.close_join_fds()
         left: dict[str, Path] = {}
         for key, d in self.dirs.items():
             try:

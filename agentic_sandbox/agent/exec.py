@@ -38,7 +38,6 @@ import logging
 import os
 import pwd
 import signal
-import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from agentic_sandbox.agent.cgroups import (
     measured,
     over_output,
 )
+from agentic_sandbox.agent.programs import HOLD, SH, program_problem
 from agentic_sandbox.agent.streams import CHUNK, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -63,12 +63,7 @@ STDIN, STDOUT, STDERR = 0, 1, 2
 NO_CGROUP_GRACE = 2.0  # without a cgroup, pipes held by escaped processes are given up after this
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_ARGS = 4096
-SH = "/bin/sh"
-#: the held start: wait for the agent's line (the cgroup joined), then become the command; an
-#: agent gone before it (EOF) means the command never runs
-HOLD = 'IFS= read -r _ || exit 126; exec "$0" "$@"'
 HOLD_NO_STDIN = HOLD + " </dev/null"
-EXEC_MAGIC = (b"\x7fELF", b"#!")
 
 
 @dataclass(frozen=True)
@@ -100,46 +95,6 @@ def _base_env(user: pwd.struct_passwd) -> dict[str, str]:
         "PATH": PATH,
         "LANG": os.environ.get("LANG", "C.UTF-8"),
     }
-
-
-def _program(argv0: str, env: dict[str, str], cwd: str, user: pwd.struct_passwd) -> None:
-    """Refuse what `execve` would refuse (for a held start, where the shell execs the command):
-    the program found as `Popen` would (a path relative to `cwd`, else a search of the run's
-    PATH), a regular file `user` may execute, and a program (ELF or `#!`), not a file a shell
-    would run as a script."""
-    if "/" in argv0:
-        candidates = [os.path.join(cwd, argv0)]
-    else:
-        candidates = [os.path.join(d or ".", argv0) for d in os.get_exec_path(env)]
-    denied = False
-    for path in candidates:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        if user.pw_uid == 0:
-            allowed = bool(st.st_mode & 0o111)
-        elif st.st_uid == user.pw_uid:
-            allowed = bool(st.st_mode & stat.S_IXUSR)
-        elif st.st_gid == user.pw_gid or st.st_gid in os.getgrouplist(user.pw_name, user.pw_gid):
-            allowed = bool(st.st_mode & stat.S_IXGRP)
-        else:
-            allowed = bool(st.st_mode & stat.S_IXOTH)
-        if not allowed:
-            denied = True
-            continue
-        try:
-            with open(path, "rb") as f:
-                head = f.read(4)
-        except OSError:
-            return  # not readable here: execve decides
-        if not head.startswith(EXEC_MAGIC):
-            raise StreamRefused("bad-argv", f"cannot run {argv0!r}: Exec format error", "argv")
-        return
-    why = "Permission denied" if denied else "No such file or directory"
-    raise StreamRefused("bad-argv", f"cannot run {argv0!r}: {why}", "argv")
 
 
 def _spawn(
@@ -316,7 +271,9 @@ class ExecRun:
         groups = os.getgrouplist(user.pw_name, user.pw_gid) if switch else []
         try:
             if cg is not None:
-                _program(argv[0], env, cwd, user)
+                problem = program_problem(argv[0], env, cwd, user)
+                if problem:
+                    raise StreamRefused("bad-argv", problem, "argv")
             proc = _spawn(
                 argv,
                 stdin=spec.stdin,

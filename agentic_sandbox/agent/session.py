@@ -1,4 +1,13 @@
-"""One PTY session in the agent: the process (ptyprocess), its output ring and flow control.
+"""One PTY session in the agent: the process, its output ring and flow control.
+
+Start: no Python runs in the child. The agent opens the PTY, sets its size, and starts the
+command with `Popen` (vfork and exec, or a plain fork and exec to switch users — not the Python
+fork of `ptyprocess`, whose child runs the interpreter until exec: ~10 ms of a session's open
+on a host, more under TCG) through util-linux's `setsid --ctty`, which makes the process a new
+session whose controlling terminal is the PTY, as `login_tty` would. With a budget, `/bin/sh`
+holds the start on a pipe until the agent has put the pid in the run's cgroup, as an exec's
+held start does. What `execve` would refuse is refused before the spawn (`programs.py`).
+`ptyprocess` keeps the PTY's bookkeeping (size, the master's file object).
 
 Output: the PTY is read (non-blocking, from the event loop) into the session's ring. Reading
 stops while the unsent backlog reaches the send window or the unacknowledged bytes reach half
@@ -10,7 +19,7 @@ Exit: a pidfd says when the process ended; the session finishes once its output 
 (EOF on the PTY, or a short grace time when a leftover background process holds the PTY).
 
 Budget: a session opened with one (`OpenSession.budget`, a task run's or an admin's) runs in
-a cgroup of its own, joined between fork and exec, with the exec's limits and the same kernel
+a cgroup of its own, joined before the command runs, with the exec's limits and the same kernel
 notifications (`cgroups.py`); its wall-clock timeout is a timer and its output bytes are
 counted as the PTY is read. An exceeded budget kills all of the session (reason `timeout`,
 `memory`, `pids`, `output-limit` in its exit), and whatever the session leaves behind ends
@@ -33,7 +42,11 @@ import fcntl
 import logging
 import os
 import pwd
+import shutil
 import signal
+import struct
+import subprocess
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,12 +61,12 @@ from agentic_sandbox.agent.cgroups import (
     Cgroups,
     RunCgroup,
     Usage,
-    child_setup,
     kill_run,
     measured,
     over_output,
 )
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
+from agentic_sandbox.agent.programs import HOLD_THEN_PTY, SH, program_problem
 from agentic_sandbox.agent.ring import Ring
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -66,6 +79,7 @@ BURST_BYTES = 256 * 1024
 SEND_WINDOW = 256 * 1024  # unsent bytes before the PTY is no longer read
 INPUT_LIMIT = 1024 * 1024
 DRAIN_AFTER_EXIT = 0.5
+SETSID_WAIT = 10.0  # for `setsid --ctty` to make the PTY the new session's terminal
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SIGNALS = {
     "INT": signal.SIGINT,
@@ -114,6 +128,100 @@ def _limited(budget: pb.Budget | None) -> bool:
             budget.output_bytes,
         )
     )
+
+
+def _setsid() -> str:
+    """util-linux's `setsid` (Essential in Debian: in every image and on every host we run on)."""
+    found = shutil.which("setsid", path=DEFAULT_PATH)
+    if found is None:
+        raise SpawnError("cannot start a session: util-linux's setsid is not installed")
+    return found
+
+
+def _spawn_pty(
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    rows: int,
+    cols: int,
+    user: pwd.struct_passwd | None,
+    groups: list[int],
+    cg: RunCgroup | None,
+) -> tuple[int, int]:
+    """Start `argv` on a new PTY, the PTY its controlling terminal, as `user` (None: the
+    agent's own), in `cg` before it runs: (pid, the master's descriptor). No Python runs in
+    the child (see the module's doc)."""
+    setsid = _setsid()
+    master, slave = os.openpty()
+    hold_r = hold_w = -1
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        cmd, stdin = [setsid, "--ctty", *argv], slave
+        if cg is not None:  # held in /bin/sh on a pipe until the pid is in the cgroup
+            hold_r, hold_w = os.pipe()
+            cmd, stdin = [SH, "-c", HOLD_THEN_PTY, setsid, "--ctty", *argv], hold_r
+        child = subprocess.Popen(
+            cmd,
+            stdin=stdin,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env=env,
+            user=user.pw_uid if user is not None else None,
+            group=user.pw_gid if user is not None else None,
+            extra_groups=groups if user is not None else None,
+        )
+        # the session reaps it (a pidfd, then wait4 for its rusage): `Popen` must never wait
+        # for it, nor reap it when this object is collected
+        child.returncode = 0
+    except BaseException as exc:
+        for fd in (master, hold_w):
+            if fd >= 0:
+                os.close(fd)
+        if isinstance(exc, OSError):
+            raise SpawnError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        raise
+    finally:
+        os.close(slave)
+        if hold_r >= 0:
+            os.close(hold_r)
+    try:
+        if cg is not None:
+            cg.join(child.pid)
+            os.write(hold_w, b"\n")
+        _wait_for_terminal(child.pid, master)
+    except (OSError, SpawnError) as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)  # (held, with a cgroup: nothing of it ran)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child.pid, 0)
+        os.close(master)
+        if isinstance(exc, SpawnError):
+            raise
+        raise SpawnError(f"cannot put the session in its cgroup: {exc}") from None
+    finally:
+        if hold_w >= 0:
+            os.close(hold_w)
+    return child.pid, master
+
+
+def _wait_for_terminal(pid: int, master: int) -> None:
+    """Until `pid` leads its own session with the PTY as its terminal (`setsid --ctty` has run:
+    the PTY's foreground group is the child's), or has already ended (not reaped here: the
+    session reports its exit), as `ptyprocess` returned only after the exec: a signal to the
+    session from then on reaches its group, never the agent's."""
+    delay, deadline = 0.0002, time.monotonic() + SETSID_WAIT
+    while True:
+        with contextlib.suppress(OSError):
+            if os.tcgetpgrp(master) == pid:
+                return
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        if time.monotonic() > deadline:
+            raise SpawnError(f"the session's terminal was not set up within {SETSID_WAIT:.0f}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
 
 
 class PtySession:
@@ -221,26 +329,24 @@ class PtySession:
                 raise SpawnError(f"{exc.field}: {exc.message}") from None
         groups = os.getgrouplist(switch.pw_name, switch.pw_gid) if switch is not None else []
         try:
-            join = cg.open_join_fds() if cg is not None else []
-            proc = PtyProcess.spawn(
+            problem = program_problem(argv[0], full_env, workdir, target)
+            if problem:
+                raise SpawnError(problem)
+            pid, master = _spawn_pty(
                 argv,
                 cwd=workdir,
                 env=full_env,
-                dimensions=(rows, cols),
-                preexec_fn=child_setup(join, switch, groups) if join or switch else None,
-                pass_fds=join,
+                rows=rows,
+                cols=cols,
+                user=switch,
+                groups=groups,
+                cg=cg,
             )
-        except (OSError, ValueError) as exc:
+        except BaseException:
             if cg is not None:
                 cg.remove()
-            raise SpawnError(f"cannot start {argv[0]!r}: {exc}") from None
-        except Exception as exc:  # ptyprocess re-raises the child's exception type
-            if cg is not None:
-                cg.remove()
-            raise SpawnError(f"cannot start {argv[0]!r}: {type(exc).__name__}: {exc}") from None
-        finally:
-            if cg is not None:
-                cg.close_join_fds()
+            raise
+        proc = PtyProcess(pid, master)
         kept = keeper is not None and keeper.alive
         sess = cls(
             session_id,
@@ -583,6 +689,10 @@ class PtySession:
             groups.add(os.tcgetpgrp(self.fd))
         if name != "INT" or not groups:
             groups.add(self.pid)  # the session leader's group
+        # never 0 (a PTY without a foreground group: killpg(0) is the agent's own group) nor
+        # the agent's group
+        groups.discard(0)
+        groups.discard(os.getpgrp())
         return groups
 
     def send_signal(self, name: str) -> None:
