@@ -3,11 +3,13 @@
 Start: no Python runs in the child. The agent opens the PTY, sets its size, and starts the
 command with `Popen` (vfork and exec, or a plain fork and exec to switch users — not the Python
 fork of `ptyprocess`, whose child runs the interpreter until exec: ~10 ms of a session's open
-on a host, more under TCG) through util-linux's `setsid --ctty`, which makes the process a new
-session whose controlling terminal is the PTY, as `login_tty` would. With a budget, `/bin/sh`
-holds the start on a pipe until the agent has put the pid in the run's cgroup, as an exec's
-held start does. What `execve` would refuse is refused before the spawn (`programs.py`).
-`ptyprocess` keeps the PTY's bookkeeping (size, the master's file object).
+on a host) through util-linux's `setsid --ctty`, which makes the process a new session whose
+controlling terminal is the PTY, as `login_tty` would. The agent does not wait for that (an
+exec in a TCG guest is tens of ms of its loop): until the group exists a signal goes to the
+process itself, and the PTY's foreground group is never taken while it is still unset. With
+a budget, `/bin/sh` holds the start on a pipe until the agent has put the pid in the run's
+cgroup, as an exec's held start does. What `execve` would refuse is refused before the spawn
+(`programs.py`). `ptyprocess` keeps the PTY's bookkeeping (size, the master's file object).
 
 Output: the PTY is read (non-blocking, from the event loop) into the session's ring. Reading
 stops while the unsent backlog reaches the send window or the unacknowledged bytes reach half
@@ -64,6 +66,7 @@ from agentic_sandbox.agent.cgroups import (
     kill_run,
     measured,
     over_output,
+    signal_group,
 )
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
 from agentic_sandbox.agent.programs import HOLD_THEN_PTY, SH, program_problem
@@ -79,7 +82,6 @@ BURST_BYTES = 256 * 1024
 SEND_WINDOW = 256 * 1024  # unsent bytes before the PTY is no longer read
 INPUT_LIMIT = 1024 * 1024
 DRAIN_AFTER_EXIT = 0.5
-SETSID_WAIT = 10.0  # for `setsid --ctty` to make the PTY the new session's terminal
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SIGNALS = {
     "INT": signal.SIGINT,
@@ -186,42 +188,21 @@ def _spawn_pty(
         os.close(slave)
         if hold_r >= 0:
             os.close(hold_r)
+    if cg is None:
+        return child.pid, master
     try:
-        if cg is not None:
-            cg.join(child.pid)
-            os.write(hold_w, b"\n")
-        _wait_for_terminal(child.pid, master)
-    except (OSError, SpawnError) as exc:
+        cg.join(child.pid)
+        os.write(hold_w, b"\n")
+    except OSError as exc:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child.pid, signal.SIGKILL)  # (held, with a cgroup: nothing of it ran)
+            os.kill(child.pid, signal.SIGKILL)  # still held: nothing of the command ran
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child.pid, 0)
         os.close(master)
-        if isinstance(exc, SpawnError):
-            raise
         raise SpawnError(f"cannot put the session in its cgroup: {exc}") from None
     finally:
-        if hold_w >= 0:
-            os.close(hold_w)
+        os.close(hold_w)
     return child.pid, master
-
-
-def _wait_for_terminal(pid: int, master: int) -> None:
-    """Until `pid` leads its own session with the PTY as its terminal (`setsid --ctty` has run:
-    the PTY's foreground group is the child's), or has already ended (not reaped here: the
-    session reports its exit), as `ptyprocess` returned only after the exec: a signal to the
-    session from then on reaches its group, never the agent's."""
-    delay, deadline = 0.0002, time.monotonic() + SETSID_WAIT
-    while True:
-        with contextlib.suppress(OSError):
-            if os.tcgetpgrp(master) == pid:
-                return
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return
-        if time.monotonic() > deadline:
-            raise SpawnError(f"the session's terminal was not set up within {SETSID_WAIT:.0f}s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
 
 
 class PtySession:
@@ -700,8 +681,7 @@ class PtySession:
         if sig is None or self.exit is not None:
             return
         for pgid in self._process_groups(name):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
+            signal_group(pgid, sig)
 
     def close(self, grace: float) -> None:
         """End the session: HUP now, KILL after `grace` seconds if it is still there."""

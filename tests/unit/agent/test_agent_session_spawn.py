@@ -49,12 +49,12 @@ async def test_the_process_leads_its_session_on_the_pty() -> None:
         "echo ready; sleep 10; echo after"
     )
     sess = spawn(["bash", "-c", script])
-    assert os.getsid(sess.pid) == sess.pid and os.tcgetpgrp(sess.fd) == sess.pid
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
     while b"ready" not in sess.ring.read(sess.ring.start, 1 << 16):
         assert loop.time() < deadline
         await asyncio.sleep(0.02)
+    assert os.getsid(sess.pid) == sess.pid and os.tcgetpgrp(sess.fd) == sess.pid
     sess.send_signal("INT")
     out = await finished(sess)
     lines = out.split()
@@ -64,14 +64,17 @@ async def test_the_process_leads_its_session_on_the_pty() -> None:
     assert sess.exit is not None and sess.exit.code == 0
 
 
-async def test_a_signal_right_after_the_open_never_reaches_the_agent() -> None:
+async def test_a_signal_right_after_the_open_ends_it_and_never_reaches_the_agent() -> None:
+    """Before `setsid --ctty` has run in the child there is no group and no foreground group
+    yet: the signal goes to the process itself (it ends), never to group 0 (the agent's)."""
     hups: list[int] = []
     old = signal.signal(signal.SIGHUP, lambda *_: hups.append(1))
     try:
         for _ in range(20):
-            sess = spawn(["/bin/true"])
+            sess = spawn(["sleep", "30"])
             sess.send_signal("HUP")
-            await finished(sess)
+            await finished(sess, timeout=10)
+            assert sess.exit is not None and sess.exit.signal == "HUP", sess.exit
             sess.shutdown()
     finally:
         signal.signal(signal.SIGHUP, old)
