@@ -143,24 +143,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 # ================================================================================== shared by runs
-def signal_group(pgid: int, sig: int) -> None:
-    """Signal a run's process group, named by its leader's pid. A PTY session's process makes
-    its group a moment after its spawn returns (`setsid --ctty` runs in the child): until then
-    there is no such group, and the signal goes to the process itself."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pgid, sig)
-    except PermissionError:
-        pass
-
-
 def kill_run(cg: RunCgroup | None, pgid: int) -> None:
     """SIGKILL everything of a run: its cgroup (when it has one) and its process group."""
     if cg is not None:
         cg.kill()
-    signal_group(pgid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def measured(usage: Usage, rusage: object | None) -> tuple[int, int]:

@@ -53,7 +53,7 @@ from agentic_sandbox.agent.cgroups import (
     measured,
     over_output,
 )
-from agentic_sandbox.agent.programs import HOLD, SH, program_problem
+from agentic_sandbox.agent.programs import HOLD, SH, program_problem, unignore_terminal_signals
 from agentic_sandbox.agent.streams import CHUNK, Stream, StreamRefused
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -109,6 +109,7 @@ def _spawn(
 ) -> subprocess.Popen[bytes]:
     """Start the command, in `cg` before it runs (held, see the module's doc)."""
     held = cg is not None
+    unignore_terminal_signals()
     proc = subprocess.Popen(
         [SH, "-c", HOLD if stdin else HOLD_NO_STDIN, *argv] if held else argv,
         stdin=subprocess.PIPE if stdin or held else subprocess.DEVNULL,
@@ -295,7 +296,7 @@ class ExecRun:
                     "bad-argv", f"cannot run {argv[0]!r}: {exc.strerror}", "argv"
                 ) from None
             raise StreamRefused("internal", f"cannot start {argv[0]!r}: {exc}") from None
-        except subprocess.SubprocessError as exc:
+        except (subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in the env
             if cg is not None:
                 cg.remove()
             raise StreamRefused("internal", f"cannot start {argv[0]!r}: {exc}") from None

@@ -98,7 +98,23 @@ class FilesContext:
         return ids
 
 
-def info_of(path: str, name: str, st: os.stat_result, link: str = "") -> pb.FileInfo:
+def info_of(
+    path: str,
+    name: str,
+    st: os.stat_result,
+    link: str = "",
+    names: dict[tuple[str, int], str] | None = None,
+) -> pb.FileInfo:
+    """`names`: a cache of owner and group names for one listing (entries mostly share them,
+    and each lookup may be a file read)."""
+    if names is None:
+        owner, group = user_name(st.st_uid), group_name(st.st_gid)
+    else:
+        if ("u", st.st_uid) not in names:
+            names["u", st.st_uid] = user_name(st.st_uid)
+        if ("g", st.st_gid) not in names:
+            names["g", st.st_gid] = group_name(st.st_gid)
+        owner, group = names["u", st.st_uid], names["g", st.st_gid]
     return pb.FileInfo(
         path=path,
         name=name,
@@ -107,8 +123,8 @@ def info_of(path: str, name: str, st: os.stat_result, link: str = "") -> pb.File
         mode=stat.S_IMODE(st.st_mode),
         uid=st.st_uid,
         gid=st.st_gid,
-        owner=user_name(st.st_uid),
-        group=group_name(st.st_gid),
+        owner=owner,
+        group=group,
         mtime_ns=st.st_mtime_ns,
         link_target=link,
     )
@@ -394,13 +410,14 @@ def exit_listing(path: str, limit: int = EXIT_LIST_LIMIT) -> pb.FileListing | No
             return None
         out = pb.FileListing()
         base = loc.path.rstrip("/")
+        known: dict[tuple[str, int], str] = {}
         for name in sorted(names):
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 link = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else ""
             except OSError:
                 continue  # gone since the listing
-            out.entries.append(info_of(f"{base}/{name}", name, st, link))
+            out.entries.append(info_of(f"{base}/{name}", name, st, link, known))
         return out
     except OSError:
         return None

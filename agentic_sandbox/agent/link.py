@@ -12,7 +12,10 @@ A link is dead when nothing has been heard for five intervals *and* the first as
 server last spoke has gone unanswered for three (at least 5 s): an answer always has that long
 to arrive, however late in the silence the ask went out. (Silence alone left an ask between
 one and two and a half intervals: a starved guest's answer, a second or two late, took a live
-link for dead.) A restored clone does not wait for this: its new seed cancels the old link.
+link for dead.) A watchdog task checks it; when its deadline finds no ask out (the loop stalled
+past the heartbeat that would have asked), or wakes long after it was due (the agent itself
+was stalled), it asks then and waits the answer's time. A restored clone does not wait for
+this: its new seed cancels the old link.
 
 `LinkOwner` is what the link needs of the agent (the runtime implements it).
 """
@@ -47,6 +50,7 @@ DEFAULT_HEARTBEAT = 5.0
 ASK_AFTER_INTERVALS = 3.5
 SILENCE_INTERVALS = 5
 ANSWER_INTERVALS = 3  # how long an asked answer may take before the link is dead
+STALL_SECONDS = 1.0  # the watchdog woke this much later than due: the agent was stalled
 
 
 class LinkOwner(Protocol):
@@ -79,7 +83,7 @@ class Link:
         self.connect_seconds = 0.0  # channel, handshake and registration of the last connect
         self.heard_at = 0.0  # loop time of the server's last message on this connection
         self.asked_at: float | None = None  # loop time of the first ask since then
-        self._silence: asyncio.Timeout | None = None  # ends the reads when the link is dead
+        self._dead = ""  # why the watchdog ended this connection ("": it did not)
 
     def silence_limit(self) -> float:
         """A link that says nothing for this long is dead (a heartbeat asks for an answer after
@@ -126,39 +130,34 @@ class Link:
             self.up = True
             if on_up is not None:
                 on_up(self)
+            self._dead = ""
             tasks = [
                 asyncio.create_task(self._sender(call), name="agent-sender"),
                 asyncio.create_task(self._heartbeats(), name="agent-heartbeats"),
                 asyncio.create_task(self._renewals(), name="agent-renewal"),
+                asyncio.create_task(self._watchdog(call), name="agent-watchdog"),
             ]
             loop = asyncio.get_running_loop()
             try:
-                async with asyncio.timeout_at(self.dead_at()) as silence:
-                    self._silence = silence
-                    while True:
-                        msg = await call.read()
-                        self.heard_at = loop.time()
-                        self.asked_at = None
-                        silence.reschedule(self.dead_at())
-                        if msg is grpc.aio.EOF:
-                            return
-                        if msg.WhichOneof("body") == "batch":
-                            self._handle_batch(msg.batch)
-                        else:
-                            self.owner.handle(msg)
-                        for t in tasks:
-                            if t.done() and not t.cancelled():
-                                t.result()  # surface a failed sender
-            except TimeoutError:
-                now = loop.time()
-                asked = ""
-                if self.asked_at is not None:
-                    asked = f", {now - self.asked_at:.1f}s after asking"
-                raise ConnectionError(
-                    f"the link was silent for {now - self.heard_at:.1f}s{asked}"
-                ) from None
+                while True:
+                    msg = await call.read()
+                    self.heard_at = loop.time()
+                    self.asked_at = None
+                    if msg is grpc.aio.EOF:
+                        return
+                    if msg.WhichOneof("body") == "batch":
+                        self._handle_batch(msg.batch)
+                    else:
+                        self.owner.handle(msg)
+                    for t in tasks:
+                        if t.done() and not t.cancelled():
+                            t.result()  # surface a failed sender
+            except (asyncio.CancelledError, grpc.aio.AioRpcError):
+                me = asyncio.current_task()
+                if self._dead and (me is None or not me.cancelling()):
+                    raise ConnectionError(self._dead) from None  # the watchdog cancelled it
+                raise
         finally:
-            self._silence = None
             self.up = False
             self.call = None
             for t in tasks:
@@ -208,6 +207,30 @@ class Link:
             lambda ready: pb.AgentMessage(batch=pb.AgentBatch(messages=ready)),
         )
 
+    async def _watchdog(self, call: Any) -> None:
+        """End the connection when it is dead (`dead_at`). A deadline reached is a check, not a
+        verdict: with no ask out yet (the loop stalled past the heartbeat that would have
+        asked) the ask goes now and has its full time; a wake-up much later than due means the
+        agent itself was stalled, which says nothing of the server, and its ask starts again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = self.dead_at()
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            now = loop.time()
+            if now < self.dead_at():
+                continue  # heard from, or asked, since
+            if self.asked_at is None or now - due > STALL_SECONDS:
+                self.asked_at = now
+                self.owner.queue_heartbeat(True)
+                self.owner.wake_event.set()
+                continue
+            self._dead = (
+                f"the link was silent for {now - self.heard_at:.1f}s, "
+                f"{now - self.asked_at:.1f}s after asking"
+            )
+            call.cancel()
+            return
+
     async def _heartbeats(self) -> None:
         loop = asyncio.get_running_loop()
         ask = True  # the first: a restored guest steps its clock at once
@@ -216,8 +239,6 @@ class Link:
             if ask and self.asked_at is None:
                 # the answer's time starts now: the link is not dead before it has passed
                 self.asked_at = loop.time()
-                if self._silence is not None:
-                    self._silence.reschedule(self.dead_at())
             await asyncio.sleep(self.owner.heartbeat_interval)
             ask = loop.time() - self.heard_at >= self.ask_after()
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import stat
+import threading
 
 EXEC_MAGIC = (b"\x7fELF", b"#!")
 SH = "/bin/sh"
@@ -27,6 +29,8 @@ def program_problem(argv0: str, env: dict[str, str], cwd: str, user: pwd.struct_
     """Why `execve` would refuse `argv0` ("" when it would not): the program found as `Popen`
     would (a path relative to `cwd`, else a search of the run's PATH), a regular file `user`
     may execute, and a program (ELF or `#!`), not a file a shell would run as a script."""
+    if "\x00" in argv0 or "\x00" in cwd or "\x00" in env.get("PATH", ""):
+        return f"cannot run {argv0!r}: a NUL byte in the program, its PATH or working directory"
     if "/" in argv0:
         candidates = [os.path.join(cwd, argv0)]
     else:
@@ -60,3 +64,31 @@ def program_problem(argv0: str, env: dict[str, str], cwd: str, user: pwd.struct_
         return ""
     why = "Permission denied" if denied else "No such file or directory"
     return f"cannot run {argv0!r}: {why}"
+
+
+#: what a terminal sends, which a run's process must start able to receive
+TERMINAL_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGTSTP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGHUP,
+)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """As SIG_IGN for the agent, but an exec resets a handled signal to its default action."""
+
+
+def unignore_terminal_signals() -> None:
+    """An ignored signal stays ignored across fork and exec, so a run started by an agent that
+    was itself started with SIGINT ignored (a background job of a script, `nohup` for SIGHUP)
+    could not be interrupted. Each such signal gets a handler that does nothing: the agent
+    still ignores it, and its children start with the default action. (Only the main thread
+    may set handlers; the agent spawns from its loop, which is it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in TERMINAL_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, _ignore)

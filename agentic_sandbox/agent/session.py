@@ -6,7 +6,9 @@ fork of `ptyprocess`, whose child runs the interpreter until exec: ~10 ms of a s
 on a host) through util-linux's `setsid --ctty`, which makes the process a new session whose
 controlling terminal is the PTY, as `login_tty` would. The agent does not wait for that (an
 exec in a TCG guest is tens of ms of its loop): until the group exists a signal goes to the
-process itself, and the PTY's foreground group is never taken while it is still unset. With
+process itself (through its pidfd), and the PTY's foreground group is never taken while it is
+still unset. The terminal's signals (INT, QUIT, TSTP, TTIN, TTOU, HUP) start at their default
+actions even when the agent was started with them ignored (a background job, `nohup`). With
 a budget, `/bin/sh` holds the start on a pipe until the agent has put the pid in the run's
 cgroup, as an exec's held start does. What `execve` would refuse is refused before the spawn
 (`programs.py`). `ptyprocess` keeps the PTY's bookkeeping (size, the master's file object).
@@ -66,10 +68,14 @@ from agentic_sandbox.agent.cgroups import (
     kill_run,
     measured,
     over_output,
-    signal_group,
 )
 from agentic_sandbox.agent.keeper import Adopted, KeeperLink
-from agentic_sandbox.agent.programs import HOLD_THEN_PTY, SH, program_problem
+from agentic_sandbox.agent.programs import (
+    HOLD_THEN_PTY,
+    SH,
+    program_problem,
+    unignore_terminal_signals,
+)
 from agentic_sandbox.agent.ring import Ring
 from agentic_sandbox.proto import agent_pb2 as pb
 
@@ -159,10 +165,11 @@ def _spawn_pty(
     hold_r = hold_w = -1
     try:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        cmd, stdin = [setsid, "--ctty", *argv], slave
+        cmd, stdin = [setsid, "--ctty", "--", *argv], slave
         if cg is not None:  # held in /bin/sh on a pipe until the pid is in the cgroup
             hold_r, hold_w = os.pipe()
-            cmd, stdin = [SH, "-c", HOLD_THEN_PTY, setsid, "--ctty", *argv], hold_r
+            cmd, stdin = [SH, "-c", HOLD_THEN_PTY, setsid, "--ctty", "--", *argv], hold_r
+        unignore_terminal_signals()
         child = subprocess.Popen(
             cmd,
             stdin=stdin,
@@ -183,6 +190,8 @@ def _spawn_pty(
                 os.close(fd)
         if isinstance(exc, OSError):
             raise SpawnError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        if isinstance(exc, ValueError | subprocess.SubprocessError):  # e.g. a NUL in the env
+            raise SpawnError(f"cannot start {argv[0]!r}: {exc}") from None
         raise
     finally:
         os.close(slave)
@@ -668,12 +677,12 @@ class PtySession:
         groups: set[int] = set()
         with contextlib.suppress(OSError):
             groups.add(os.tcgetpgrp(self.fd))
-        if name != "INT" or not groups:
-            groups.add(self.pid)  # the session leader's group
-        # never 0 (a PTY without a foreground group: killpg(0) is the agent's own group) nor
-        # the agent's group
+        # never 0 (a PTY without a foreground group yet: killpg(0) is the agent's own group)
+        # nor the agent's group
         groups.discard(0)
         groups.discard(os.getpgrp())
+        if name != "INT" or not groups:
+            groups.add(self.pid)  # the session leader's group
         return groups
 
     def send_signal(self, name: str) -> None:
@@ -681,7 +690,21 @@ class PtySession:
         if sig is None or self.exit is not None:
             return
         for pgid in self._process_groups(name):
-            signal_group(pgid, sig)
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                if pgid == self.pid:
+                    self._signal_leader(sig)
+            except PermissionError:
+                pass
+
+    def _signal_leader(self, sig: int) -> None:
+        """The process itself, before it has made its own group (`setsid --ctty` runs in the
+        child a moment after the spawn returns): through its pidfd, which names this process
+        and no other — never a pid the kernel may have given to another since."""
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, sig)
 
     def close(self, grace: float) -> None:
         """End the session: HUP now, KILL after `grace` seconds if it is still there."""

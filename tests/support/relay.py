@@ -45,8 +45,10 @@ class CuttingRelay:
 
     async def stop(self) -> None:
         self.cut_all(count=False)
-        for task in list(self._serving):
+        serving = list(self._serving)
+        for task in serving:
             task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -104,14 +106,16 @@ class CuttingRelay:
                     dst.write(data)
                     await dst.drain()
             if down:
-                await held.put((0.0, b""))  # the end, after what is held: release closes
+                if not releaser.done():  # (one that failed to write reads no more)
+                    await held.put((0.0, b""))  # the end, after what is held: release closes
                 return
             with contextlib.suppress(Exception):
                 dst.close()
 
+        releaser = asyncio.create_task(release(writer))
         try:
             await asyncio.gather(
-                pump(reader, up_writer, False), pump(up_reader, writer, True), release(writer)
+                pump(reader, up_writer, False), pump(up_reader, writer, True), releaser
             )
         finally:
             self._open -= {writer, up_writer}

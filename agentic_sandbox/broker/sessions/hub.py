@@ -319,6 +319,7 @@ class SessionHub:
             task_id=spec.task_id,
             cwd=spec.cwd,
             user=spec.user,
+            lists_on_exit=bool(spec.list_on_exit),
         )
         if self.recordings.enabled:
             sess.recording = self.recordings.create(
@@ -471,6 +472,8 @@ class SessionHub:
                     min(exited.end_offset, MAX_OFFSET),
                 )
             report = exited.exit
+            if not sess.lists_on_exit:
+                report.listing = None  # not asked for: not kept with the ended session
             failed = bool(report.error) and report.code is None and not report.signal
             self.lifecycle.end(
                 sess,

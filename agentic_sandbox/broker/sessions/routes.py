@@ -86,6 +86,13 @@ class SessionCreate(Input):
             raise ValueError("arguments must be non-empty text without NUL bytes")
         return value
 
+    @field_validator("env")
+    @classmethod
+    def _no_nul_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if any("\x00" in v for v in value.values()):
+            raise ValueError("values cannot contain NUL bytes")
+        return value
+
 
 class OutputRange(Output):
     start: int = Field(description="oldest offset the server still holds")

@@ -55,6 +55,7 @@ class HubSession:
     task_id: str | None = None
     cwd: str | None = None
     user: str | None = None
+    lists_on_exit: bool = False  # it asked the agent for an exit listing (only then kept)
     state: SessionState = SessionState.starting
     synced: bool = True  # the ring reflects the agent (False after a restart until it registers)
     recv_end: int = 0  # agent offset of the next byte expected (ring.end + redactor hold)

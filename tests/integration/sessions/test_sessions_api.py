@@ -163,6 +163,10 @@ async def test_agents_api_metrics_and_openapi(
         "POST", "/api/v2/admin/sessions", {"instance_id": lonely, "cwd": "relative/path"}
     )
     assert code == 422 and problem["errors"][0]["field"] == "body.cwd"
+    code, problem = server.api(
+        "POST", "/api/v2/admin/sessions", {"instance_id": lonely, "env": {"X": "a\x00b"}}
+    )
+    assert code == 422 and problem["errors"][0]["field"] == "body.env", problem
 
     sid = create_session(server, agent.instance_id, SHELL)
     async with await PtyClient.connect(server.ws_url, sid, server.admin_token, role="control"):

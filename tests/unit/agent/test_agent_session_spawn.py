@@ -130,3 +130,42 @@ async def test_a_budgeted_session_runs_in_its_cgroup_as_the_asked_user() -> None
     assert lines[1].startswith("/dev/pts/"), out
     assert "-session-s-spawn" in out, out
     assert sess.exit is not None and sess.exit.code == 0, (sess.exit, out)
+
+
+async def test_ctrl_c_right_after_the_open_reaches_the_process() -> None:
+    """Before `setsid --ctty` has run the PTY has no foreground group: INT goes to the process
+    itself (through its pidfd), not nowhere."""
+    for _ in range(5):
+        sess = spawn(["sleep", "30"])
+        sess.send_signal("INT")
+        await finished(sess, timeout=10)
+        assert sess.exit is not None and sess.exit.signal == "INT", sess.exit
+        sess.shutdown()
+
+
+async def test_the_terminals_signals_start_at_their_defaults_when_the_agent_ignores_them() -> None:
+    """An agent started as a background job has SIGINT ignored, and an ignored signal stays
+    ignored across exec: its sessions could not be interrupted. Now they can (and the agent
+    still ignores it)."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sess = spawn(["bash", "-c", "trap 'echo got-int' INT; echo ready; sleep 10; echo after"])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while b"ready" not in sess.ring.read(sess.ring.start, 1 << 16):
+            assert loop.time() < deadline
+            await asyncio.sleep(0.02)
+        sess.send_signal("INT")
+        out = await finished(sess)
+        assert "got-int" in out, out
+        os.kill(os.getpid(), signal.SIGINT)  # the agent itself still ignores it
+        await asyncio.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_nul_in_the_environment_is_a_refusal_not_a_crash() -> None:
+    with pytest.raises(SpawnError, match="cannot start"):
+        spawn(["/bin/true"], env={"X": "a\x00b"})
+    with pytest.raises(SpawnError, match="NUL"):
+        spawn(["true"], env={"PATH": "/usr/bin\x00"})
