@@ -6,10 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from agentic_sandbox.broker.http.schemas import Input, Output
+from agentic_sandbox.broker.http.schemas import EnvName, Input, Output, nul_free_values
 from agentic_sandbox.broker.sessions import BudgetIn, BudgetOut
 
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 Arg = Annotated[str, StringConstraints(max_length=32768)]
 Reason = Literal["timeout", "memory", "pids", "output-limit", "canceled"]
 
@@ -51,9 +50,7 @@ class ExecRequest(Input):
     @field_validator("env")
     @classmethod
     def _no_nul_env(cls, value: dict[str, str]) -> dict[str, str]:
-        if any("\x00" in v for v in value.values()):
-            raise ValueError("values cannot contain NUL bytes")
-        return value
+        return nul_free_values(value)
 
     @model_validator(mode="after")
     def _one_stdin(self) -> ExecRequest:

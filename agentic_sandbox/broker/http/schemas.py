@@ -13,6 +13,15 @@ InstanceId = Annotated[
     Field(description="instance id: [a-z0-9][a-z0-9-]{0,62}"),
 ]
 SubjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")]
+# an environment variable's name, for every request that sets a run's environment
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+
+
+def nul_free_values(value: dict[str, str]) -> dict[str, str]:
+    """An environment's values, refused when one holds a NUL byte (no process can get it)."""
+    if any("\x00" in v for v in value.values()):
+        raise ValueError("values cannot contain NUL bytes")
+    return value
 
 
 class Input(BaseModel):

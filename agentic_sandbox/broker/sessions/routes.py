@@ -16,7 +16,13 @@ from sqlalchemy import select
 from agentic_sandbox.broker.auth.principal import Principal, Role
 from agentic_sandbox.broker.http.problems import ProblemError, not_found, not_ready, too_many
 from agentic_sandbox.broker.http.routing import ApiRoutes, Call, NoBody, NoQuery
-from agentic_sandbox.broker.http.schemas import Input, InstanceId, Output
+from agentic_sandbox.broker.http.schemas import (
+    EnvName,
+    Input,
+    InstanceId,
+    Output,
+    nul_free_values,
+)
 from agentic_sandbox.broker.services import services
 from agentic_sandbox.broker.sessions import budgets
 from agentic_sandbox.broker.sessions.access import require_visible
@@ -41,7 +47,6 @@ from agentic_sandbox.broker.store import models as m
 
 api = ApiRoutes()
 
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 Arg = Annotated[str, StringConstraints(max_length=8192)]
 
 
@@ -89,9 +94,7 @@ class SessionCreate(Input):
     @field_validator("env")
     @classmethod
     def _no_nul_env(cls, value: dict[str, str]) -> dict[str, str]:
-        if any("\x00" in v for v in value.values()):
-            raise ValueError("values cannot contain NUL bytes")
-        return value
+        return nul_free_values(value)
 
 
 class OutputRange(Output):
