@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from agentic_sandbox.broker.agentlink import (
     SIGNAL_NAMES,
@@ -78,7 +78,7 @@ from agentic_sandbox.broker.sessions.output import OutputPipeline
 from agentic_sandbox.broker.sessions.reconcile import Reconciler
 from agentic_sandbox.broker.sessions.recordings import RecordingStore
 from agentic_sandbox.broker.sessions.ring import OutputRing
-from agentic_sandbox.broker.sessions.rows import SessionRows
+from agentic_sandbox.broker.sessions.rows import SESSIONS, SessionRows
 from agentic_sandbox.broker.sessions.screen import ScreenTracker
 from agentic_sandbox.broker.sessions.session import Follower, HubSession
 from agentic_sandbox.broker.sessions.states import ENDED, LIVE, SessionState
@@ -97,6 +97,8 @@ if TYPE_CHECKING:
     from agentic_sandbox.broker.services import Services
 
 log = logging.getLogger(__name__)
+
+INSERT_SESSION = insert(SESSIONS)
 
 FOLLOW_CHUNK = 256 * 1024
 _SIGNALS: dict[str, SignalName] = {name: name for name in SIGNAL_NAMES}
@@ -247,25 +249,27 @@ class SessionHub:
         secrets_env = await self._secrets(spec.instance_id)
         sess = self._new_session(spec, conn.incarnation, cols, rows)
         sess.redactor.set(secrets_env.values())
-        async with self.db.session() as s:
-            s.add(
-                m.Session(
-                    id=sess.id,
-                    instance_id=spec.instance_id,
-                    incarnation=conn.incarnation,
-                    owner=spec.owner,
-                    name=spec.name,
-                    command=sess.command,
-                    cols=cols,
-                    rows=rows,
-                    cwd=spec.cwd,
-                    user=spec.user,
-                    env=dict(spec.env),  # never the secrets
-                    state=SessionState.starting.value,
-                    task_id=spec.task_id,
-                    recording_path=sess.recording_path,
-                    created_at=sess.created_at,
-                )
+        # a Core insert on a connection: the ORM's unit of work cost more than the statement
+        async with self.db.begin() as db:
+            await db.execute(
+                INSERT_SESSION,
+                {
+                    "id": sess.id,
+                    "instance_id": spec.instance_id,
+                    "incarnation": conn.incarnation,
+                    "owner": spec.owner,
+                    "name": spec.name,
+                    "command": sess.command,
+                    "cols": cols,
+                    "rows": rows,
+                    "cwd": spec.cwd,
+                    "user": spec.user,
+                    "env": dict(spec.env),  # never the secrets
+                    "state": SessionState.starting.value,
+                    "task_id": spec.task_id,
+                    "recording_path": sess.recording_path,
+                    "created_at": sess.created_at,
+                },
             )
         self._sessions.add(sess)
         sess.opening = asyncio.get_running_loop().create_future()
