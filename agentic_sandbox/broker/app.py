@@ -104,6 +104,7 @@ async def build_services(settings: Settings) -> Services:
         SqlEventLog(db, retention=settings.events_retention),
         ring_size=settings.events_ring_size,
         standby=db.dialect != "sqlite",
+        group=db.write_behind,
     )
     events.add_listener(lambda ev: metrics.events_published.labels(ev.type.split(".", 1)[0]).inc())
     audit = AuditLog(db)

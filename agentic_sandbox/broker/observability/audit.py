@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
 from agentic_sandbox.broker.store import Database
@@ -44,7 +45,11 @@ class AuditLog:
         # Past `limit` unwritten entries the oldest is dropped (callers never wait), counted
         # in `writer.dropped` and exposed as a metric.
         self.writer: BatchWriter[AuditRecord] = BatchWriter(
-            "audit-writer", self._write, limit=limit, on_drop=_dropped
+            "audit-writer",
+            write_in=self._write_in,
+            group=db.write_behind,
+            limit=limit,
+            on_drop=_dropped,
         )
 
     async def start(self) -> None:
@@ -135,28 +140,27 @@ class AuditLog:
         """Make everything recorded so far durable."""
         await self.writer.flush()
 
-    async def _write(self, batch: list[AuditRecord]) -> None:
-        # one Core executemany of whole rows on a connection: no ORM bulk machinery
-        async with self._db.begin() as conn:
-            await conn.execute(
-                insert(AUDIT),
-                [
-                    {
-                        "time": r.time,
-                        "actor": r.actor,
-                        "action": r.action,
-                        "subject_type": r.subject_type,
-                        "subject_id": r.subject_id,
-                        "outcome": r.outcome,
-                        "cause": r.cause,
-                        "from_state": r.from_state,
-                        "to_state": r.to_state,
-                        "correlation_id": r.correlation_id,
-                        "detail": r.detail,
-                    }
-                    for r in batch
-                ],
-            )
+    async def _write_in(self, conn: AsyncConnection, batch: list[AuditRecord]) -> None:
+        # one Core executemany of whole rows, in the write-behind group's transaction
+        await conn.execute(
+            insert(AUDIT),
+            [
+                {
+                    "time": r.time,
+                    "actor": r.actor,
+                    "action": r.action,
+                    "subject_type": r.subject_type,
+                    "subject_id": r.subject_id,
+                    "outcome": r.outcome,
+                    "cause": r.cause,
+                    "from_state": r.from_state,
+                    "to_state": r.to_state,
+                    "correlation_id": r.correlation_id,
+                    "detail": r.detail,
+                }
+                for r in batch
+            ],
+        )
 
     async def close(self) -> None:
         await self.writer.close()

@@ -40,6 +40,10 @@ class EventLog(Protocol):
         """Store a batch, all or nothing. Seqs ascend and follow every seq stored before."""
         ...
 
+    async def append_in(self, conn: Any, batch: list[Event]) -> None:
+        """`append`, as part of the transaction of `conn` (a write-behind group's)."""
+        ...
+
     async def read(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
         """Stored events with seq > `after` that match `flt`, oldest first, at most `limit`."""
         ...
@@ -69,19 +73,22 @@ class SqlEventLog:
         return [from_row(row) for row in reversed(rows)]
 
     async def append(self, batch: list[Event]) -> None:
+        async with self._db.begin() as conn:
+            await self.append_in(conn, batch)
+
+    async def append_in(self, conn: Any, batch: list[Event]) -> None:
         if not batch:
             return
         # Core statements on a connection, not the ORM: one executemany of whole rows (no
         # ORM bulk machinery, no grouping by the columns that happen to be set)
-        async with self._db.begin() as conn:
-            await conn.execute(insert(EVENTS), [row_values(ev) for ev in batch])
-            last = batch[-1].seq
-            if last % 1000 < len(batch):  # now and then, trim to the retention bound
-                await conn.execute(delete(EVENTS).where(EVENTS.c.seq <= last - self._retention))
-            if self._db.dialect == "postgresql":  # wakes the followers' tails at commit
-                await conn.execute(
-                    text("SELECT pg_notify(:c, :n)"), {"c": NOTIFY_CHANNEL, "n": str(last)}
-                )
+        await conn.execute(insert(EVENTS), [row_values(ev) for ev in batch])
+        last = batch[-1].seq
+        if last % 1000 < len(batch):  # now and then, trim to the retention bound
+            await conn.execute(delete(EVENTS).where(EVENTS.c.seq <= last - self._retention))
+        if self._db.dialect == "postgresql":  # wakes the followers' tails at commit
+            await conn.execute(
+                text("SELECT pg_notify(:c, :n)"), {"c": NOTIFY_CHANNEL, "n": str(last)}
+            )
 
     async def read(self, after: int, limit: int, flt: EventFilter) -> list[Event]:
         stmt = select(m.Event).where(m.Event.seq > after).order_by(m.Event.seq).limit(limit)

@@ -29,7 +29,7 @@ from typing import Any
 from agentic_sandbox.broker.observability.event import EVENT_TYPE_PREFIXES, Event, EventFilter
 from agentic_sandbox.broker.observability.eventlog import EventLog
 from agentic_sandbox.broker.observability.logs import correlation_id, redactor
-from agentic_sandbox.broker.store.batch import BatchWriter
+from agentic_sandbox.broker.store.batch import BatchWriter, WriteGroup
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,10 @@ class EventBus:
         on_publish: Callable[[Event], None] | None = None,
         standby: bool = False,
         pending_limit: int | None = None,
+        group: WriteGroup | None = None,
     ) -> None:
+        """With `group` the bus's writes share the transactions of the other write-behind
+        writers (`log.append_in`); without, each batch is its own (`log.append`)."""
         self._log = log
         # A follower's bus (several control hosts): the leader owns the sequence, so events
         # published here reach the in-process listeners (metrics) only, and reads go to the
@@ -115,8 +118,19 @@ class EventBus:
             self._listeners.append(on_publish)
         # Events not yet in the log. Past its bound the oldest unwritten ones are dropped
         # (counted in `writer.dropped`, exposed as a metric): publishers never wait.
+        grouped = group is not None
         self.writer: BatchWriter[Event] = BatchWriter(
-            "event-writer", self._store, limit=pending_limit or max(ring_size * 10, 100_000)
+            "event-writer",
+            None if grouped else log.append,
+            write_in=log.append_in if grouped else None,
+            group=group,
+            limit=pending_limit or max(ring_size * 10, 100_000),
+            # each try numbers the batch after the newest stored event; only a stored batch
+            # is shown; a commit whose answer was lost (the connection broke after it)
+            # stored it, and its retry would collide with itself on every try: shown once
+            prepare=self._number,
+            stored=self._ingest,
+            stored_anyway=log.holds,
         )
 
     @property
@@ -169,28 +183,11 @@ class EventBus:
                 sub.offer(ev)
             self._seq = ev.seq
 
-    async def _store(self, batch: list[Event]) -> None:
-        """The writer's step: number the batch after the newest stored event, store it, and
-        only then show it. A failed batch is numbered the same way on its retry."""
+    def _number(self, batch: list[Event]) -> list[Event]:
+        """The writer's step: number the batch after the newest stored event (a failed
+        batch is numbered the same way on its retry)."""
         first = self._seq + 1
-        numbered = [dataclasses.replace(ev, seq=first + i) for i, ev in enumerate(batch)]
-        try:
-            await self._log.append(numbered)
-        except Exception:
-            # A commit whose answer was lost (the connection broke after it) stored the
-            # batch: its retry would collide with itself on every try. Show it once instead.
-            try:
-                stored = await self._log.holds(numbered)
-            except Exception:
-                stored = False
-            if not stored:
-                raise
-            log.warning(
-                "events %d..%d were stored though their commit failed",
-                first,
-                first + len(numbered) - 1,
-            )
-        self._ingest(numbered)
+        return [dataclasses.replace(ev, seq=first + i) for i, ev in enumerate(batch)]
 
     def add_listener(self, fn: Callable[[Event], None]) -> None:
         """In-process hooks (metrics, push, …); must not block."""

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentic_sandbox.broker.store import Database
 from agentic_sandbox.broker.store import models as m
@@ -45,7 +46,8 @@ class SessionRows:
         self._db = db
         self.writer: BatchWriter[RowUpdate] = BatchWriter(
             "session-db-writer",
-            self._write,
+            write_in=self._write_in,
+            group=db.write_behind,
             limit=LIMIT,
             retry_seconds=retry_seconds,
             merge_key=lambda u: u.session_id,
@@ -68,13 +70,12 @@ class SessionRows:
         """Write what is pending (a failure is logged), then stop the writer."""
         await self.writer.close()
 
-    async def _write(self, batch: list[RowUpdate]) -> None:
+    async def _write_in(self, conn: AsyncConnection, batch: list[RowUpdate]) -> None:
         now = dt.datetime.now(dt.UTC)
-        # Core statements on a connection: no ORM session, no synchronize_session pass
-        async with self._db.begin() as conn:
-            for u in batch:
-                await conn.execute(
-                    update(SESSIONS)
-                    .where(SESSIONS.c.id == u.session_id)
-                    .values(**u.values, updated_at=now)
-                )
+        # Core statements, in the write-behind group's transaction: no ORM session
+        for u in batch:
+            await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.id == u.session_id)
+                .values(**u.values, updated_at=now)
+            )

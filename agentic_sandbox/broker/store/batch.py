@@ -12,6 +12,11 @@ session hub's row updates). What it promises:
 - **Merged where asked.** With `merge_key`/`merge`, an item whose key already waits (and is
   not yet being written) is folded into the waiting one in place: one row update per key per
   batch instead of one per call.
+- **Grouped, where asked.** Writers that join a `WriteGroup` share its transactions: the one
+  that writes first takes the batches the others have waiting along, each written by its own
+  `write_in(conn, batch)`, all committed at once (or none). The server's writers (events,
+  audit, session rows) are one group: an A2A task's run wrote 13 transactions, of which the
+  group makes 7; an exec's audit entry and event are one.
 - **Retried, never lost or reordered.** A batch whose write fails goes back to the front of the
   queue as it was, and is tried again after `retry_seconds` (at once when someone flushes).
 - **Flushed on stop.** `close()` lets the writer finish the batch it is writing, then drain
@@ -29,7 +34,8 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +46,40 @@ class BatchWriter(Generic[T]):
     def __init__(
         self,
         name: str,
-        write: Callable[[list[T]], Awaitable[None]],
+        write: Callable[[list[T]], Awaitable[None]] | None = None,
         *,
         limit: int,
+        write_in: Callable[[Any, list[T]], Awaitable[None]] | None = None,
+        group: WriteGroup | None = None,
         batch_size: int = 500,
         retry_seconds: float = 1.0,
         merge_key: Callable[[T], Hashable] | None = None,
         merge: Callable[[T, T], None] | None = None,
         on_drop: Callable[[T], None] | None = None,
+        prepare: Callable[[list[T]], list[T]] | None = None,
+        stored: Callable[[list[T]], None] | None = None,
+        stored_anyway: Callable[[list[T]], Awaitable[bool]] | None = None,
     ) -> None:
-        """`write(batch)` stores a batch in one transaction (all or nothing) or raises.
-        `merge(waiting, new)` folds `new` into `waiting` (same `merge_key`) in place."""
+        """`write(batch)` stores a batch in one transaction (all or nothing) or raises; or,
+        in a `group`, `write_in(conn, batch)` adds a batch to the group's transaction.
+        `merge(waiting, new)` folds `new` into `waiting` (same `merge_key`) in place.
+        `prepare(batch)` gives what is written (at each try), `stored(prepared)` hears of
+        each commit, and `stored_anyway(prepared)` tells, after a commit failed, whether it
+        was stored all the same (its answer lost with the connection): then it counts as
+        stored instead of being tried again."""
         if (merge_key is None) != (merge is None):
             raise ValueError("merge_key and merge go together")
         if limit < 1 or batch_size < 1:
             raise ValueError("limit and batch_size must be positive")
+        if (write is None) == (write_in is None) or (write_in is None) != (group is None):
+            raise ValueError("a writer either writes alone (write) or in a group (write_in)")
         self.name = name
         self._write = write
+        self._write_in = write_in
+        self._group = group
+        self._prepare = prepare
+        self._stored = stored
+        self._stored_anyway = stored_anyway
         self._limit = limit
         self._batch_size = min(batch_size, limit)
         self._retry_seconds = retry_seconds
@@ -77,6 +100,8 @@ class BatchWriter(Generic[T]):
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.dropped = 0
+        if group is not None:
+            group.join(self)
 
     @property
     def pending(self) -> int:
@@ -173,22 +198,56 @@ class BatchWriter(Generic[T]):
 
     async def _write_next(self) -> None:
         """Write the oldest batch; on failure it goes back to the front of the queue."""
+        if self._group is not None:
+            await self._group.write(self)
+            return
+        assert self._write is not None
+        batch, end = self._take()
+        ready = self.prepared(batch)
+        try:
+            await self._write(ready)
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) and await self.was_stored(ready)):
+                self._put_back(batch, exc)
+                raise
+        self._committed(ready, end)
+
+    # ---- one batch's steps (the group drives them for its members) ------------------------
+    def _take(self) -> tuple[list[T], int]:
+        """The oldest batch, now in flight, and the position it ends at."""
         size = min(self._batch_size, len(self._queue))
         batch = [self._queue.popleft() for _ in range(size)]
         for item in batch:
             self._forget(item)  # a newer value for its key queues behind it, not into it
         self._inflight = size
-        end = self._added - len(self._queue)
+        return batch, self._added - len(self._queue)
+
+    def prepared(self, batch: list[T]) -> list[T]:
+        return batch if self._prepare is None else self._prepare(batch)
+
+    async def was_stored(self, ready: list[T]) -> bool:
+        """After a failed commit: whether this batch was stored all the same."""
+        if self._stored_anyway is None:
+            return False
         try:
-            await self._write(batch)
-        except BaseException as exc:
-            self._queue.extendleft(reversed(batch))
-            self._inflight = 0
-            if isinstance(exc, Exception):
-                self._settle(exc)
-            raise
+            stored = await self._stored_anyway(ready)
+        except Exception:
+            return False
+        if stored:
+            log.warning("%s: a batch was stored though its commit failed", self.name)
+        return stored
+
+    def _put_back(self, batch: list[T], exc: BaseException) -> None:
+        self._queue.extendleft(reversed(batch))
+        self._inflight = 0
+        if isinstance(exc, Exception):
+            self._settle(exc)
+
+    def _committed(self, ready: list[T], end: int) -> None:
         self._inflight = 0
         self._done = end
+        if self._stored is not None:
+            self._stored(ready)
         self._settle(None)
 
     def _settle(self, failure: Exception | None) -> None:
@@ -203,3 +262,51 @@ class BatchWriter(Generic[T]):
             else:
                 keep.append((target, waiter))
         self._waiters = keep
+
+
+class WriteGroup:
+    """Write-behind writers that share transactions. Whichever member writes first takes the
+    batches the others have waiting along (members in the order they joined, each batch in
+    its writer's order), in one transaction from `begin()`: all stored, or all put back at
+    the front of their queues (each member then retries on its own). One member writes at a
+    time, so a member's batches still commit in order."""
+
+    def __init__(self, begin: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
+        self._begin = begin
+        self._members: list[BatchWriter[Any]] = []
+        self._lock = asyncio.Lock()
+        self.commits = 0  # transactions committed
+
+    def join(self, writer: BatchWriter[Any]) -> None:
+        self._members.append(writer)
+
+    async def write(self, first: BatchWriter[Any]) -> None:
+        async with self._lock:
+            if not first._queue:
+                return  # another member's write took this one's batch along meanwhile
+            taken = []
+            for w in self._members:
+                if w._queue:
+                    batch, end = w._take()
+                    taken.append((w, batch, w.prepared(batch), end))
+            try:
+                async with self._begin() as conn:
+                    for w, _, ready, _ in taken:
+                        assert w._write_in is not None
+                        await w._write_in(conn, ready)
+            except BaseException as exc:
+                stored = False
+                if isinstance(exc, Exception):
+                    for w, _, ready, _ in taken:
+                        if w._stored_anyway is not None and await w.was_stored(ready):
+                            stored = True  # one member's rows are there: the commit was
+                            break
+                if not stored:
+                    for w, batch, _, _ in taken:
+                        w._put_back(batch, exc)
+                        if w is not first:
+                            w._wake.set()  # it retries on its own
+                    raise
+            self.commits += 1
+            for w, _, ready, end in taken:
+                w._committed(ready, end)

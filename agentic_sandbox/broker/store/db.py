@@ -37,6 +37,7 @@ from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from agentic_sandbox.broker.store import sqlite_inline
+from agentic_sandbox.broker.store.batch import WriteGroup
 from agentic_sandbox.broker.store.health import StorageFailure, storage_failure
 from agentic_sandbox.broker.store.rowcache import RowCache, TableWrites
 from agentic_sandbox.broker.store.sqlite_writer import SerialWriter
@@ -152,6 +153,8 @@ class Database:
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        # the write-behind writers (events, audit, session rows) share its transactions
+        self.write_behind = WriteGroup(self.begin)
         # What this process wrote, per table: read-only views (`rowcache.py`) are served from
         # memory only where this process is the one writer (SQLite: one server per data dir)
         self.writes: TableWrites | None = None

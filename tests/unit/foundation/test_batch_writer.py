@@ -4,11 +4,13 @@ reordering, and flushed on stop without being cancelled mid-write."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from agentic_sandbox.broker.store.batch import BatchWriter
+from agentic_sandbox.broker.store.batch import BatchWriter, WriteGroup
 
 
 class Store:
@@ -214,3 +216,152 @@ async def test_backlog_and_drops_are_metrics() -> None:
     text = metrics.exposition().decode()
     assert 'sandbox_write_behind_pending{writer="event-writer"} 2.0' in text
     assert 'sandbox_write_behind_dropped_total{writer="event-writer"} 1.0' in text
+
+
+class Tables:
+    """A fake database for a `WriteGroup`: each transaction's writes, committed together or
+    not at all; can fail a commit (after it stored the rows, as a lost answer, or not)."""
+
+    def __init__(self) -> None:
+        self.commits: list[list[tuple[str, list[int]]]] = []
+        self.fail_next = 0
+        self.lose_answer = False  # the failing commit stored its rows all the same
+        self.gate: asyncio.Event | None = None
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[list[tuple[str, list[int]]]]:
+        tx: list[tuple[str, list[int]]] = []
+        yield tx
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            if self.lose_answer:
+                self.commits.append(tx)
+            raise RuntimeError("database is locked")
+        self.commits.append(tx)
+
+    def rows(self, table: str) -> list[int]:
+        return [r for tx in self.commits for name, b in tx if name == table for r in b]
+
+
+def member(tables: Tables, group: WriteGroup, name: str, **kw: object) -> BatchWriter[int]:
+    async def write_in(tx: list[tuple[str, list[int]]], batch: list[int]) -> None:
+        tx.append((name, list(batch)))
+
+    return BatchWriter(name, write_in=write_in, group=group, limit=1000, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_group_writes_its_members_waiting_batches_in_one_transaction() -> None:
+    tables = Tables()
+    group = WriteGroup(tables.begin)
+    events, audit = member(tables, group, "events"), member(tables, group, "audit")
+    events.start()
+    audit.start()
+    events.add(1)
+    audit.add(10)
+    events.add(2)
+    await asyncio.gather(events.flush(), audit.flush())
+    assert tables.commits == [[("events", [1, 2]), ("audit", [10])]]  # one, not two
+    assert group.commits == 1
+    audit.add(11)  # alone: a transaction of its own
+    await audit.flush()
+    assert tables.commits[-1] == [("audit", [11])]
+    await events.close()
+    await audit.close()
+
+
+async def test_a_failed_group_commit_puts_every_batch_back_in_order() -> None:
+    tables = Tables()
+    tables.fail_next = 1
+    group = WriteGroup(tables.begin)
+    events = member(tables, group, "events", retry_seconds=0.01)
+    audit = member(tables, group, "audit", retry_seconds=0.01)
+    events.start()
+    audit.start()
+    tables.gate = asyncio.Event()  # the commit waits until both callers wait for it
+    events.add(1)
+    audit.add(10)
+    flushes = asyncio.gather(events.flush(), audit.flush(), return_exceptions=True)
+    await asyncio.sleep(0.01)
+    tables.gate.set()
+    results = await flushes
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]  # both hear of it
+    events.add(2)
+    for w in (events, audit):
+        async with asyncio.timeout(5):
+            while True:
+                try:
+                    await w.flush()
+                    break
+                except RuntimeError:
+                    continue
+    assert tables.rows("events") == [1, 2]
+    assert tables.rows("audit") == [10]  # once each: nothing lost, nothing twice
+    await events.close()
+    await audit.close()
+
+
+async def test_a_lost_commit_answer_counts_as_stored_for_the_whole_group() -> None:
+    tables = Tables()
+    tables.fail_next = 1
+    tables.lose_answer = True
+    group = WriteGroup(tables.begin)
+    seen: list[list[int]] = []
+
+    async def stored_anyway(batch: list[int]) -> bool:
+        return tables.rows("events")[-len(batch) :] == batch
+
+    events = member(
+        tables,
+        group,
+        "events",
+        prepare=lambda b: [x * 100 for x in b],  # what is written (numbered, say)
+        stored=seen.append,
+        stored_anyway=stored_anyway,
+    )
+    audit = member(tables, group, "audit")
+    events.start()
+    audit.start()
+    events.add(1)
+    audit.add(10)
+    await asyncio.gather(events.flush(), audit.flush())  # no error: it was stored
+    assert tables.rows("events") == [100]
+    assert tables.rows("audit") == [10]  # not written a second time
+    assert seen == [[100]]
+    await events.close()
+    await audit.close()
+
+
+async def test_a_member_adding_during_a_group_write_follows_it() -> None:
+    tables = Tables()
+    tables.gate = asyncio.Event()
+    group = WriteGroup(tables.begin)
+    events, audit = member(tables, group, "events"), member(tables, group, "audit")
+    events.start()
+    audit.start()
+    events.add(1)
+    audit.add(10)
+    await asyncio.sleep(0.01)  # the first transaction waits at its commit
+    audit.add(11)
+    events.add(2)
+    tables.gate.set()
+    await asyncio.gather(events.flush(), audit.flush())
+    assert tables.commits == [
+        [("events", [1]), ("audit", [10])],
+        [("events", [2]), ("audit", [11])],
+    ]
+    await events.close()
+    await audit.close()
+
+
+def test_a_writer_writes_alone_or_in_a_group() -> None:
+    async def write_in(conn: object, batch: list[int]) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="alone"):
+        BatchWriter("t", limit=1)  # neither
+    with pytest.raises(ValueError, match="alone"):
+        BatchWriter("t", Store().write, write_in=write_in, limit=1)  # both
+    with pytest.raises(ValueError, match="alone"):
+        BatchWriter("t", write_in=write_in, limit=1)  # no group to write in

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,9 @@ class MemoryLog:
         if self.lose_answers:
             self.lose_answers -= 1
             raise ConnectionResetError("connection lost after the commit")
+
+    async def append_in(self, conn: Any, batch: list[Event]) -> None:
+        await self.append(batch)
 
     async def holds(self, batch: list[Event]) -> bool:
         stored = {e.seq: e for e in self.events}
