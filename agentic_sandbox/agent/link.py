@@ -81,6 +81,7 @@ class Link:
         self.up = False
         self.batches = False  # the server takes batches (its RegisterAck said so)
         self.connect_seconds = 0.0  # channel, handshake and registration of the last connect
+        self.channel_seconds = 0.0  # of which the channel (and the forward's sync)
         self.heard_at = 0.0  # loop time of the server's last message on this connection
         self.asked_at: float | None = None  # loop time of the first ask since then
         self._dead = ""  # why the watchdog ended this connection ("": it did not)
@@ -112,6 +113,7 @@ class Link:
         raises on a failure)."""
         started = time.monotonic()
         channel = self.channel = await connect_channel(self.cfg, self.creds, "link", self.control)
+        self.channel_seconds = time.monotonic() - started
         tasks: list[asyncio.Task[None]] = []
         try:
             call = self.call = pb_grpc.AgentLinkStub(channel).Connect()

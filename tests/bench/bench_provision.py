@@ -218,6 +218,8 @@ def measure_pool(b: Bench) -> None:
         iid = f"{P}pool-{i}"
         b.made.append(iid)
         pooled.append(create(srv, {"id": iid, "image": RECIPE, "from_pool": True}, 180))
+        if b.args.logs is not None:  # a taken member's own journal: its stand-by and hand-off
+            save_agent_log(b, iid, b.args.logs)
         srv.ok("DELETE", f"/api/v2/admin/instances/{iid}")
         b.made.remove(iid)
     b.results["from_pool"] = {**summarize(pooled), "member_age_seconds": b.args.pool_age}
@@ -252,6 +254,14 @@ ROWS: list[tuple[str, str, float | None]] = [
 
 def save_logs(b: Bench, into: Path) -> None:
     """Each guest's agent journal (read through exec) and the server's log, into `into`."""
+    for iid in b.made:
+        save_agent_log(b, iid, into)
+    shutil.copyfile(b.srv.log_path, into / "server.log")
+    print(f"logs in {into}")
+
+
+def save_agent_log(b: Bench, iid: str, into: Path) -> None:
+    """One guest's agent journal, read through exec, into `into`/<id>.agent.log."""
     into.mkdir(parents=True, exist_ok=True)
     argv = [
         "journalctl",
@@ -262,16 +272,13 @@ def save_logs(b: Bench, into: Path) -> None:
         "-u",
         "agentic-sandbox-agent",
     ]
-    for iid in b.made:
-        status, answer = b.srv.api(
-            "POST",
-            f"/api/v2/admin/instances/{iid}/exec",
-            {"argv": argv, "budget": {"timeout_seconds": 30}},
-        )
-        text = answer["stdout"]["data"] if status == 200 else f"exec: {status} {answer}\n"
-        (into / f"{iid}.agent.log").write_text(text)
-    shutil.copyfile(b.srv.log_path, into / "server.log")
-    print(f"logs in {into}")
+    status, answer = b.srv.api(
+        "POST",
+        f"/api/v2/admin/instances/{iid}/exec",
+        {"argv": argv, "budget": {"timeout_seconds": 30}},
+    )
+    text = answer["stdout"]["data"] if status == 200 else f"exec: {status} {answer}\n"
+    (into / f"{iid}.agent.log").write_text(text)
 
 
 def main() -> int:
