@@ -490,6 +490,7 @@ class AgentRuntime:
         # the new instance's key: the one this pool member made while it stood by, or one
         # made now, while the guest takes on its identity (never one from before a restore:
         # a key made before the save would be every clone's)
+        self.seeds.standing_by = False
         spare, self._spare = self._spare, None
         if self._warming is not None:
             self._warming.cancel()
@@ -527,6 +528,7 @@ class AgentRuntime:
                 task.cancel()
         self._spare = self._warming = None
         self.cfg.instance_id = seed.instance_id
+        self.seeds.standing_by = True  # the hand-off's seed is looked for more often
         if seed.ca_pem and self.cfg.ca_cert is not None:
             self.cfg.ca_cert.write_text(seed.ca_pem)
             with contextlib.suppress(OSError):

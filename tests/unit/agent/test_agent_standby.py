@@ -102,8 +102,10 @@ async def test_a_member_makes_the_key_ahead_and_the_hand_off_uses_it_once(
                 await asyncio.sleep(0.01)
         assert guest.events[-1] == "warm-up closed"
 
+    assert rt.seeds.standing_by  # looking for the hand-off's seed more often
     guest.seed = seed("web-1")  # the hand-off
     assert await rt.adopt_seed_identity() is True
+    assert not rt.seeds.standing_by
     assert guest.events[-2:] == ["warm-up closed", "reseed b'e'"]  # no new key
     assert rt._keys is guest.keys["pool-1a2b"] and rt.cfg.instance_id == "web-1"
 
