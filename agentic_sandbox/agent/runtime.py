@@ -39,10 +39,10 @@ import grpc
 
 from agentic_sandbox.agent import cgroups, egress_trust, entropy, files, identity, pki, upgrade
 from agentic_sandbox.agent import egress as agent_egress
-from agentic_sandbox.agent.channels import GatewaySilent, connect_channel
+from agentic_sandbox.agent.channels import connect_channel
 from agentic_sandbox.agent.config import AgentConfig, default_enroll
 from agentic_sandbox.agent.controls import Controls, leader_hint
-from agentic_sandbox.agent.credentials import Credentials, CredentialsMissing
+from agentic_sandbox.agent.credentials import Credentials
 from agentic_sandbox.agent.enrollment import EnrollmentFailed, enroll, make_keys, renew
 from agentic_sandbox.agent.exec import ExecContext, ExecRun
 from agentic_sandbox.agent.guard import guard_forward
@@ -553,7 +553,7 @@ class AgentRuntime:
                     await channel.channel_ready()
             finally:
                 await channel.close()
-        except (CredentialsMissing, GatewaySilent, TimeoutError, OSError, grpc.RpcError) as exc:
+        except Exception as exc:  # only a warm-up: the hand-off makes its own connection
             log.info("standing by without a warm-up connection: %s", exc or type(exc).__name__)
         try:
             await asyncio.shield(spare)  # ending the warm-up (a hand-off) must not end the key

@@ -164,3 +164,24 @@ def test_only_a_literal_true_makes_a_standby_seed() -> None:
     for value in ("true", 1, "yes", None):
         assert identity.SeedIdentity.from_json({**base, "standby": value}).standby is False
     assert identity.SeedIdentity.from_json(base).standby is False
+
+
+async def test_a_failed_warm_up_still_stands_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warm-up connection is only that: when it fails the member stands by all the same."""
+    rt = runtime(tmp_path)
+    guest = Guest(monkeypatch)
+
+    async def refused(*args: object) -> object:
+        raise ValueError("no CA on this seed")
+
+    monkeypatch.setattr(runtime_module, "connect_channel", refused)
+    guest.seed = seed("pool-1", standby=True)
+    with caplog.at_level(logging.INFO, logger="agent"):
+        assert await rt.adopt_seed_identity() is True
+        guest.keys["pool-1"].set_result((b"KEY", b"CSR"))
+        async with asyncio.timeout(5):
+            while SPARE_KEY_READY not in caplog.text:
+                await asyncio.sleep(0.01)
+    assert "standing by without a warm-up connection: no CA on this seed" in caplog.text
