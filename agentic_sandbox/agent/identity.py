@@ -49,8 +49,6 @@ class SeedIdentity:
     enrollment_token: str
     issued_at: float
     entropy: bytes = b""  # random bytes made on the host for this incarnation (`entropy.py`)
-    # a warm-pool member's seed: no instance yet, only a key to make ahead (`seed_record`)
-    standby: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeedIdentity:
@@ -65,7 +63,6 @@ class SeedIdentity:
             enrollment_token=str(data.get("enrollment_token", "")),
             issued_at=float(data.get("issued_at", 0)),
             entropy=_entropy(data.get("entropy")),
-            standby=data.get("standby") is True,
         )
 
 

@@ -6,12 +6,6 @@ spends its first few hundred milliseconds filling QEMU's translation cache, and 
 before a hand-off, not after. Refills start ``pool_refill_delay_s`` after a hand-off so they do not
 compete with the guest just handed out.
 
-A pool configured with ``Standby`` gives each new member a seed of its own (``Standby.seed``: the
-server's, with the member's id and entropy) and keeps it running, after the warm-up, until its
-console shows ``Standby.ready`` (at most ``pool_standby_wait_s``): the guest's agent then has
-made, ahead, the key the hand-off's enrollment would otherwise wait for. A host with no real
-guests (libvirt's test driver) is not waited for.
-
 Pool members are ordinary fleet instances with ``record.pool`` set and ids ``pool-<hex>`` (hidden
 from ``list_instances`` unless asked). Taking one re-keys it under the caller's instance id (the
 libvirt domain keeps its ``sbx-pool-…`` name: libvirt cannot rename a running domain; the fleet
@@ -30,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -58,15 +49,6 @@ from .transaction import Transaction
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Standby:
-    """How a pool's members stand by (see the module doc). ``seed(member_id)`` writes that
-    member's seed and returns its local path, which the fleet removes once it is copied."""
-
-    seed: Callable[[str], Awaitable[str]]
-    ready: bytes  # the console line of a member that is ready to be paused
-
-
 @dataclass
 class PoolSlot:
     key: str
@@ -74,7 +56,6 @@ class PoolSlot:
     size: int
     egress: EgressPolicy
     agent_port: int
-    standby: Standby | None = None
     ready: list[str] = field(default_factory=list)
     retiring: list[str] = field(default_factory=list)  # members of an earlier state
     refill: asyncio.Task[None] | None = None
@@ -113,12 +94,10 @@ class WarmPool:
         *,
         egress: EgressPolicy = EgressPolicy.ISOLATED,
         agent_port: int = 8120,
-        standby: Standby | None = None,
         wait: bool = False,
     ) -> PoolStatus:
         """Keep ``size`` paused clones of ``state_id`` ready under ``key``. Members already in
-        the fleet (after a restart) are taken back into the pool. ``size=0`` drains it.
-        ``standby``: each new member's own seed, and the sign that it is ready to pause."""
+        the fleet (after a restart) are taken back into the pool. ``size=0`` drains it."""
         validate_name(key)
         if size < 0:
             raise InvalidRequest("size must be >= 0")
@@ -126,18 +105,17 @@ class WarmPool:
             raise NotFound(f"no saved state {state_id!r}")
         slot = self.slots.get(key)
         if slot is None:
-            slot = PoolSlot(key, state_id, size, egress, agent_port, standby)
+            slot = PoolSlot(key, state_id, size, egress, agent_port)
             self.slots[key] = slot
         else:
             if slot.state_id != state_id:  # replaced as new members come (see the module doc)
                 slot.retiring.extend(slot.ready)
                 slot.ready.clear()
-            slot.state_id, slot.size, slot.egress, slot.agent_port, slot.standby = (
+            slot.state_id, slot.size, slot.egress, slot.agent_port = (
                 state_id,
                 size,
                 egress,
                 agent_port,
-                standby,
             )
         for e in self.index.values():
             if (
@@ -211,16 +189,12 @@ class WarmPool:
                 return
             token = secrets.token_hex(5)
             member = f"pool-{token}"
-            standby = slot.standby
             warmup = config.pool_warmup_s
-            seed: str | None = None
             try:
                 # The member is one more multi-step operation: restored, warmed up, paused;
                 # a step that fails deletes what there is of it (the clone cleans up after
                 # itself; a member that was restored but not paused is deleted here).
                 async with Transaction() as tx:
-                    if standby is not None:
-                        seed = await standby.seed(member)
                     tx.on_undo("member", partial(self.lifecycle.delete, member))
                     await self.clones.clone_from_state(
                         slot.state_id,
@@ -229,25 +203,18 @@ class WarmPool:
                             egress=slot.egress,
                             agent_port=slot.agent_port,
                             restart_on_crash=False,
-                            seed=seed,
                         ),
-                        paused=warmup <= 0 and standby is None,
+                        paused=warmup <= 0,
                         pool=slot.key,
                         domain=f"sbx-pool-{token}",
                     )
-                    if warmup > 0 or standby is not None:
+                    if warmup > 0:
                         await asyncio.sleep(warmup)
-                        if standby is not None and not h.virtual:
-                            await self._stand_by(member, standby.ready, config)
                         await self.lifecycle.suspend(member)
-            except (FleetError, OSError) as e:
+            except FleetError as e:
                 slot.last_error = str(e)
                 log.warning("warm pool %s: refill failed: %s", slot.key, e)
                 return
-            finally:
-                if seed is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(seed)
             slot.ready.append(member)
             slot.last_error = ""
             if slot.retiring and len(slot.ready) + len(slot.retiring) > slot.size:
@@ -258,23 +225,6 @@ class WarmPool:
                 instance_id=member,
                 detail=f"pool {slot.key}: {len(slot.ready)}/{slot.size}",
             )
-
-    async def _stand_by(self, member: str, ready: bytes, config: FleetConfig) -> None:
-        """Until the member's console shows ``ready`` (its agent made its spare key), or
-        ``pool_standby_wait_s`` have passed: a member paused before that still works, and
-        makes the rest of its key after the hand-off."""
-        deadline = time.monotonic() + config.pool_standby_wait_s
-        offset, tail = 0, b""
-        while True:
-            chunk = await self.lifecycle.read_serial_log(member, offset)
-            offset += len(chunk)
-            if ready in tail + chunk:
-                return
-            tail = (tail + chunk)[-len(ready) :]
-            if time.monotonic() >= deadline:
-                log.info("pool member %s: no %r on its console; pausing it anyway", member, ready)
-                return
-            await asyncio.sleep(0.2)
 
     async def take_from_pool(self, key: str, spec: CloneSpec) -> Instance | None:
         """Hand a pooled, paused instance to ``spec.instance_id`` and resume it; ``None`` when

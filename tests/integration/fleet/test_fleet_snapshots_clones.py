@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agentic_sandbox.fleet import (
@@ -13,7 +11,6 @@ from agentic_sandbox.fleet import (
     InstanceState,
     InvalidRequest,
     NotFound,
-    Standby,
 )
 from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 from tests.support.fleet_env import Env
@@ -209,34 +206,4 @@ async def test_warm_pool_take_and_refill(env: Env) -> None:
         "fast-1",
         "gold",
     ]
-    await f.drain_pools()
-
-
-async def test_a_standby_pool_gives_each_member_a_seed_of_its_own(env: Env) -> None:
-    """The server's standby seed goes into each new member (its id, its file), and the local
-    file it was written to is gone once the fleet copied it."""
-    f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
-    asked: list[str] = []
-    written: list[Path] = []
-
-    async def seed(member_id: str) -> str:
-        asked.append(member_id)
-        path = env.root / f"{member_id}.standby.iso"
-        path.write_bytes(f"seed of {member_id}".encode())
-        written.append(path)
-        return str(path)
-
-    status = await f.configure_pool(
-        "p1", "st", 2, standby=Standby(seed=seed, ready=b"ready"), wait=True
-    )
-    assert status.ready == 2
-    members = [i for i in await f.list_instances(include_pooled=True) if i.record.pool == "p1"]
-    assert sorted(i.instance_id for i in members) == sorted(asked)
-    for member in members:
-        assert member.state is InstanceState.PAUSED and member.record.seed
-        assert Path(member.record.seed).read_bytes() == f"seed of {member.instance_id}".encode()
-    assert not any(p.exists() for p in written)
-    await f.configure_pool("p1", "st", 0)
     await f.drain_pools()
