@@ -218,7 +218,7 @@ def measure_pool(b: Bench) -> None:
         iid = f"{P}pool-{i}"
         b.made.append(iid)
         pooled.append(create(srv, {"id": iid, "image": RECIPE, "from_pool": True}, 180))
-        if b.args.logs is not None:  # a taken member's own journal: its stand-by and hand-off
+        if b.args.logs is not None:  # a taken member's own journal: its hand-off
             save_agent_log(b, iid, b.args.logs)
         srv.ok("DELETE", f"/api/v2/admin/instances/{iid}")
         b.made.remove(iid)
@@ -254,6 +254,7 @@ ROWS: list[tuple[str, str, float | None]] = [
 
 def save_logs(b: Bench, into: Path) -> None:
     """Each guest's agent journal (read through exec) and the server's log, into `into`."""
+    into.mkdir(parents=True, exist_ok=True)  # the server's log too when no guest is left
     for iid in b.made:
         save_agent_log(b, iid, into)
     shutil.copyfile(b.srv.log_path, into / "server.log")
