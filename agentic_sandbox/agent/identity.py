@@ -49,6 +49,11 @@ class SeedIdentity:
     enrollment_token: str
     issued_at: float
     entropy: bytes = b""  # random bytes made on the host for this incarnation (`entropy.py`)
+    # a warm-pool member's seed: no instance yet, only a key to make ahead (`seed_record`)
+    standby: bool = False
+    # a hand-off's seed: the pool member it is for, which may use the key it made standing by
+    # (only the record in the seed's system area carries it; a clone's seed never does)
+    standby_of: str = ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeedIdentity:
@@ -63,7 +68,14 @@ class SeedIdentity:
             enrollment_token=str(data.get("enrollment_token", "")),
             issued_at=float(data.get("issued_at", 0)),
             entropy=_entropy(data.get("entropy")),
+            standby=data.get("standby") is True,
+            standby_of=_member(data.get("standby_of")),
         )
+
+
+def _member(value: Any) -> str:
+    """The seed's `standby_of`: a pool member's id, or nothing when it is not one."""
+    return value if isinstance(value, str) and 0 < len(value) <= 128 else ""
 
 
 def _entropy(value: Any) -> bytes:

@@ -39,6 +39,7 @@ import grpc
 
 from agentic_sandbox.agent import cgroups, egress_trust, entropy, files, identity, pki, upgrade
 from agentic_sandbox.agent import egress as agent_egress
+from agentic_sandbox.agent.channels import connect_channel
 from agentic_sandbox.agent.config import AgentConfig, default_enroll
 from agentic_sandbox.agent.controls import Controls, leader_hint
 from agentic_sandbox.agent.credentials import Credentials
@@ -56,10 +57,12 @@ from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamT
 from agentic_sandbox.agent.sysinfo import SysInfo
 from agentic_sandbox.proto import PROTOCOL, PROTOCOL_METADATA
 from agentic_sandbox.proto import agent_pb2 as pb
+from agentic_sandbox.proto.seed_record import SPARE_KEY_READY
 
 log = logging.getLogger("agent")
 
 UNREACHABLE_BACKOFF = 1.0  # the longest wait between tries while the server does not answer
+STANDBY_WARM_UP_SECONDS = 10.0  # at most, for a standing-by member's warm-up connection
 SSH_KEYS_IN_PAUSES_OF = 5.0  # seconds: a backoff at least this long makes due SSH host keys
 SIGNAL_NAMES = {
     pb.SIGNAL_INT: "INT",
@@ -124,6 +127,10 @@ class AgentRuntime:
         self.wake_event = asyncio.Event()
         self.seeds = SeedWatcher()
         self._keys: asyncio.Future[tuple[bytes, bytes]] | None = None  # a restored guest's
+        # a key made while standing by in a warm pool, for the next seed only (`_stand_by`)
+        self._spare: asyncio.Future[tuple[bytes, bytes]] | None = None
+        self._spare_for = ""  # the member id it was made as: only a seed naming it may use it
+        self._warming: asyncio.Task[None] | None = None  # the stand-by's warm-up (`_warm_up`)
         self.link: Link | None = None
         self._seed_changed = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
@@ -465,6 +472,9 @@ class AgentRuntime:
         seed = await self.seeds.check()
         if seed is None or seed.instance_id == self.cfg.instance_id:
             return False
+        if seed.standby:
+            self._stand_by(seed)
+            return True
         log.warning(
             "this guest was restored as instance %s (was %s): taking on its identity",
             seed.instance_id,
@@ -478,11 +488,30 @@ class AgentRuntime:
         # first the kernel's random generator, which the save left as every clone's: the key,
         # machine-id and SSH host keys below draw from it (entropy.py)
         self._reseed(seed)
-        # the new instance's key, made while the guest takes on its identity (never ahead:
-        # a key made before the save would be every clone's)
-        if self._keys is not None:
+        # the new instance's key: the one this pool member made while it stood by, when the
+        # seed is the hand-off made for this very member (`standby_of`), or one made now,
+        # while the guest takes on its identity. A key from before a restore is never used
+        # otherwise: a memory snapshot taken while it stood by (or before the hand-off's seed
+        # was read) restores it into every clone, and a clone's seed names no member.
+        self.seeds.standing_by = False
+        spare, self._spare = self._spare, None
+        spare_for, self._spare_for = self._spare_for, ""
+        if self._warming is not None:
+            self._warming.cancel()
+            self._warming = None
+        if self._keys is not None and self._keys is not spare:
             self._keys.cancel()
-        self._keys = make_keys(seed.instance_id)
+        usable = spare is not None and not (
+            spare.done() and (spare.cancelled() or spare.exception())
+        )
+        if spare is not None and usable and seed.standby_of and seed.standby_of == spare_for:
+            log.info("using the key made while this guest stood by in the pool as %s", spare_for)
+            self._keys = spare
+        else:
+            if spare is not None:
+                spare.cancel()
+                log.info("not using the key made while standing by: this seed is not its hand-off")
+            self._keys = make_keys(seed.instance_id)
         await asyncio.to_thread(identity.refresh_guest_identity, seed, ssh_keys=False)
         # SSH host keys take a while under emulation and do not gate the link: made in the
         # background once the link is up (or the agent waits anyway), not competing with the
@@ -493,17 +522,70 @@ class AgentRuntime:
         self._take_on(seed)
         return True
 
+    def _stand_by(self, seed: identity.SeedIdentity) -> None:
+        """A warm-pool member's seed (`seed_record`): no instance yet. Make the key of the
+        instance this guest will become now, from a kernel generator reseeded with this
+        member's own entropy (the restore left it as every member's), so the hand-off does
+        not wait for it; and say on the console when it is made."""
+        log.info("standing by in a warm pool as %s", seed.instance_id)
+        for sess in list(self.sessions.values()):
+            sess.shutdown()
+        self.sessions.clear()
+        self.outbox.clear()
+        self.creds.forget()
+        for task in (self._spare, self._warming):
+            if task is not None:
+                task.cancel()
+        self._spare = self._warming = None
+        self._spare_for = ""
+        self.cfg.instance_id = seed.instance_id
+        self.seeds.standing_by = True  # the hand-off's seed is looked for more often
+        if seed.ca_pem and self.cfg.ca_cert is not None:
+            self.cfg.ca_cert.write_text(seed.ca_pem)
+            with contextlib.suppress(OSError):
+                self.cfg.ca_path.unlink()
+        if not self._reseed(seed):
+            log.warning("no spare key without this member's own entropy: made at the hand-off")
+            return
+        self._spare = make_keys(seed.instance_id)
+        self._spare_for = seed.instance_id
+        self._warming = asyncio.ensure_future(self._warm_up(self._spare))
+
+    async def _warm_up(self, spare: asyncio.Future[tuple[bytes, bytes]]) -> None:
+        """A standing-by member's first connection, made now rather than at the hand-off: an
+        enrollment channel through the guest's forward (its sync, the proxy's CONNECT, the TLS
+        handshake), closed unused. In an emulated guest the first of each costs several times
+        the next (gRPC's first channel, code QEMU has not translated yet). Then, with the spare
+        key made, the console line the fleet pauses the member on."""
+        started = time.monotonic()
+        try:
+            channel = await connect_channel(self.cfg, self.creds, "enroll", self.controls.current)
+            try:
+                async with asyncio.timeout(STANDBY_WARM_UP_SECONDS):
+                    await channel.channel_ready()
+            finally:
+                await channel.close()
+        except Exception as exc:  # only a warm-up: the hand-off makes its own connection
+            log.info("standing by without a warm-up connection: %s", exc or type(exc).__name__)
+        try:
+            await asyncio.shield(spare)  # ending the warm-up (a hand-off) must not end the key
+        except Exception:  # reported where it is used: the hand-off makes another
+            return
+        log.info("%s (%.0f ms)", SPARE_KEY_READY, (time.monotonic() - started) * 1000)
+
     @staticmethod
-    def _reseed(seed: identity.SeedIdentity) -> None:
+    def _reseed(seed: identity.SeedIdentity) -> bool:
+        """Reseed the kernel's generator from the seed's entropy; whether it was."""
         if not seed.entropy:
             log.warning("the new seed carries no entropy: the kernel reseeds on its own later")
-            return
+            return False
         try:
             entropy.reseed_kernel_rng(seed.entropy)
         except (OSError, ValueError) as exc:
             log.error("cannot reseed the kernel's random generator: %s", exc)
-        else:
-            log.info("kernel random generator reseeded from the seed")
+            return False
+        log.info("kernel random generator reseeded from the seed")
+        return True
 
     def _take_on(self, seed: identity.SeedIdentity) -> None:
         cfg = self.cfg

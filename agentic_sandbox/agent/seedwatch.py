@@ -21,6 +21,9 @@ from agentic_sandbox.agent import identity
 log = logging.getLogger("agent")
 
 SEED_POLL_SECONDS = 0.25
+# A warm-pool member standing by is paused nearly all its life, and once resumed its new seed
+# is the hand-off's first step: it looks more often (one read costs 10-20 ms of an emulated vCPU).
+STANDBY_POLL_SECONDS = 0.05
 
 
 class SeedWatcher:
@@ -29,6 +32,7 @@ class SeedWatcher:
         self._fresh: identity.SeedIdentity | None = None  # read, not yet taken on
         self._read_once = False
         self.changed = asyncio.Event()  # a seed naming another instance arrived
+        self.standing_by = False  # a warm-pool member's: look at `STANDBY_POLL_SECONDS`
 
     async def _head(self) -> identity.SeedHead | None:
         """The seed's head; its record is parsed only when it is not the seed already read."""
@@ -65,7 +69,7 @@ class SeedWatcher:
         """Poll for ever; when a changed seed names another instance than ours, keep it for
         `check()`, set `changed` and call `notify()`."""
         while True:
-            await asyncio.sleep(SEED_POLL_SECONDS)
+            await asyncio.sleep(STANDBY_POLL_SECONDS if self.standing_by else SEED_POLL_SECONDS)
             head = await self._head()
             if head is None or head.fingerprint == self.fingerprint:
                 continue

@@ -46,7 +46,7 @@ from .models import (
 )
 from .qemu_access import guard_dir, qemu_gid, traversal_problem
 from .service import Fleet
-from .warm_pool import PoolStatus
+from .warm_pool import PoolStatus, Standby
 
 __all__ = [
     "AGENT_LINK_ADDRESS",
@@ -88,6 +88,7 @@ __all__ = [
     "Resources",
     "SavedState",
     "SnapshotInfo",
+    "Standby",
     "Volumes",
     "guard_dir",
     "missing_tls_files",

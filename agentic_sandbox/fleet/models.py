@@ -310,6 +310,12 @@ class FleetConfig(_Input):
         description="run a new pool member this long before pausing it (warms TCG's "
         "translation cache so a hand-off is fast)",
     )
+    pool_standby_wait_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="at most this long after the warm-up, wait for a standing-by pool member's "
+        "console to say it is ready (its agent made its spare key) before pausing it",
+    )
     pool_refill_delay_s: float = Field(
         default=2.0,
         ge=0,

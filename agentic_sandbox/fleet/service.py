@@ -48,7 +48,7 @@ from .models import (
 )
 from .monitor import Monitor
 from .reconcile import Reconciler
-from .snapshots import Snapshots
+from .snapshots import Snapshots, refuse_pool_member
 from .states import SavedStates
 from .warm_pool import WarmPool
 
@@ -191,7 +191,9 @@ class Fleet:
         state it was just saved to (its own disk and identity), so it carries on after a pause
         of about a restore's time — a memory snapshot that clones can be made from."""
         self.states.check_new(state_id)
-        host = self.hosts.host(self.index.entry(instance_id).record.host)
+        record = self.index.entry(instance_id).record
+        refuse_pool_member(record)
+        host = self.hosts.host(record.host)
         return await self.states.capture(host, instance_id, state_id, keep_running=keep_running)
 
     async def delete_state(self, state_id: str) -> None:

@@ -15,7 +15,25 @@ from .errors import InvalidRequest, NotFound
 from .hosts import HostRegistry
 from .index import InstanceIndex
 from .lifecycle import lookup
-from .models import FleetEventKind, Instance, InstanceState, SnapshotInfo, validate_name
+from .models import (
+    FleetEventKind,
+    Instance,
+    InstanceRecord,
+    InstanceState,
+    SnapshotInfo,
+    validate_name,
+)
+
+
+def refuse_pool_member(record: InstanceRecord) -> None:
+    """No snapshot or saved state of a warm-pool member: its memory may hold the key its agent
+    made standing by, which a restore would give every clone (it is only ever used by the
+    member's own hand-off; this keeps it out of saved memory altogether)."""
+    if record.pool is not None:
+        raise InvalidRequest(
+            f"instance {record.instance_id!r} is a member of warm pool {record.pool!r}; "
+            "take it from the pool first"
+        )
 
 
 @dataclass(eq=False)
@@ -31,6 +49,7 @@ class Snapshots:
         Idempotent: an existing snapshot of that name is returned."""
         validate_name(name)
         e = self.index.entry(instance_id)
+        refuse_pool_member(e.record)
         async with e.lock:
             dom = await lookup(self.hosts.host(e.record.host), e)
             active = await dom.is_active()
@@ -65,6 +84,7 @@ class Snapshots:
         (``paused`` leaves it paused); a disk-only one leaves the instance shut off."""
         validate_name(name)
         e = self.index.entry(instance_id)
+        refuse_pool_member(e.record)
         async with e.lock:
             dom = await lookup(self.hosts.host(e.record.host), e)
             try:
@@ -88,6 +108,7 @@ class Snapshots:
         """Idempotent: deleting a snapshot that does not exist succeeds."""
         validate_name(name)
         e = self.index.entry(instance_id)
+        refuse_pool_member(e.record)
         async with e.lock:
             dom = await lookup(self.hosts.host(e.record.host), e)
             removed = await dom.delete_snapshot(name)

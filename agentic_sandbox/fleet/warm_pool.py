@@ -6,6 +6,12 @@ spends its first few hundred milliseconds filling QEMU's translation cache, and 
 before a hand-off, not after. Refills start ``pool_refill_delay_s`` after a hand-off so they do not
 compete with the guest just handed out.
 
+A pool configured with ``Standby`` gives each new member a seed of its own (``Standby.seed``: the
+server's, with the member's id and entropy) and keeps it running, after the warm-up, until its
+console shows ``Standby.ready`` (at most ``pool_standby_wait_s``): the guest's agent then has
+made, ahead, the key the hand-off's enrollment would otherwise wait for. A host with no real
+guests (libvirt's test driver) is not waited for.
+
 Pool members are ordinary fleet instances with ``record.pool`` set and ids ``pool-<hex>`` (hidden
 from ``list_instances`` unless asked). Taking one re-keys it under the caller's instance id (the
 libvirt domain keeps its ``sbx-pool-…`` name: libvirt cannot rename a running domain; the fleet
@@ -24,7 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -49,6 +58,15 @@ from .transaction import Transaction
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Standby:
+    """How a pool's members stand by (see the module doc). ``seed(member_id)`` writes that
+    member's seed and returns its local path, which the fleet removes once it is copied."""
+
+    seed: Callable[[str], Awaitable[str]]
+    ready: bytes  # the console line of a member that is ready to be paused
+
+
 @dataclass
 class PoolSlot:
     key: str
@@ -56,6 +74,8 @@ class PoolSlot:
     size: int
     egress: EgressPolicy
     agent_port: int
+    standby: Standby | None = None
+    filling: str | None = None  # the member being made now (running until it is paused)
     ready: list[str] = field(default_factory=list)
     retiring: list[str] = field(default_factory=list)  # members of an earlier state
     refill: asyncio.Task[None] | None = None
@@ -94,10 +114,12 @@ class WarmPool:
         *,
         egress: EgressPolicy = EgressPolicy.ISOLATED,
         agent_port: int = 8120,
+        standby: Standby | None = None,
         wait: bool = False,
     ) -> PoolStatus:
         """Keep ``size`` paused clones of ``state_id`` ready under ``key``. Members already in
-        the fleet (after a restart) are taken back into the pool. ``size=0`` drains it."""
+        the fleet (after a restart) are taken back into the pool. ``size=0`` drains it.
+        ``standby``: each new member's own seed, and the sign that it is ready to pause."""
         validate_name(key)
         if size < 0:
             raise InvalidRequest("size must be >= 0")
@@ -105,26 +127,43 @@ class WarmPool:
             raise NotFound(f"no saved state {state_id!r}")
         slot = self.slots.get(key)
         if slot is None:
-            slot = PoolSlot(key, state_id, size, egress, agent_port)
+            slot = PoolSlot(key, state_id, size, egress, agent_port, standby)
             self.slots[key] = slot
         else:
             if slot.state_id != state_id:  # replaced as new members come (see the module doc)
                 slot.retiring.extend(slot.ready)
                 slot.ready.clear()
-            slot.state_id, slot.size, slot.egress, slot.agent_port = (
+            slot.state_id, slot.size, slot.egress, slot.agent_port, slot.standby = (
                 state_id,
                 size,
                 egress,
                 agent_port,
+                standby,
             )
+        stale: list[str] = []
         for e in self.index.values():
+            member = e.record.instance_id
             if (
-                e.record.pool == key
-                and e.record.instance_id not in slot.ready
-                and e.record.instance_id not in slot.retiring
-                and e.state is InstanceState.PAUSED
+                e.record.pool != key
+                or member in slot.ready
+                or member in slot.retiring
+                or member == slot.filling
             ):
-                slot.ready.append(e.record.instance_id)
+                continue
+            if e.state is InstanceState.PAUSED:
+                slot.ready.append(member)
+            elif e.state is InstanceState.RUNNING and not e.deleting:
+                # made before a restart and never paused (the server stopped while it warmed
+                # up or stood by): it cannot be told how far it got, so it is replaced
+                stale.append(member)
+        for member in stale:
+            log.info("warm pool %s: %s was never paused; deleting it", key, member)
+            try:
+                await self.lifecycle.delete(member)
+            except NotFound:
+                pass
+            except FleetError as exc:  # its host is away: the next configure tries again
+                log.warning("warm pool %s: deleting %s failed: %s", key, member, exc)
         while len(slot.ready) + len(slot.retiring) > size and slot.retiring:
             await self._retire_one(slot)
         while len(slot.ready) > size:
@@ -189,12 +228,17 @@ class WarmPool:
                 return
             token = secrets.token_hex(5)
             member = f"pool-{token}"
+            standby = slot.standby
             warmup = config.pool_warmup_s
+            seed: str | None = None
+            slot.filling = member
             try:
                 # The member is one more multi-step operation: restored, warmed up, paused;
                 # a step that fails deletes what there is of it (the clone cleans up after
                 # itself; a member that was restored but not paused is deleted here).
                 async with Transaction() as tx:
+                    if standby is not None:
+                        seed = await self._standby_seed(standby, member)
                     tx.on_undo("member", partial(self.lifecycle.delete, member))
                     await self.clones.clone_from_state(
                         slot.state_id,
@@ -203,18 +247,26 @@ class WarmPool:
                             egress=slot.egress,
                             agent_port=slot.agent_port,
                             restart_on_crash=False,
+                            seed=seed,
                         ),
-                        paused=warmup <= 0,
+                        paused=warmup <= 0 and standby is None,
                         pool=slot.key,
                         domain=f"sbx-pool-{token}",
                     )
-                    if warmup > 0:
+                    if warmup > 0 or standby is not None:
                         await asyncio.sleep(warmup)
+                        if standby is not None and not h.virtual:
+                            await self._stand_by(member, standby.ready, config)
                         await self.lifecycle.suspend(member)
-            except FleetError as e:
+            except (FleetError, OSError) as e:
                 slot.last_error = str(e)
                 log.warning("warm pool %s: refill failed: %s", slot.key, e)
                 return
+            finally:
+                slot.filling = None
+                if seed is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(seed)
             slot.ready.append(member)
             slot.last_error = ""
             if slot.retiring and len(slot.ready) + len(slot.retiring) > slot.size:
@@ -226,9 +278,49 @@ class WarmPool:
                 detail=f"pool {slot.key}: {len(slot.ready)}/{slot.size}",
             )
 
-    async def take_from_pool(self, key: str, spec: CloneSpec) -> Instance | None:
+    @staticmethod
+    async def _standby_seed(standby: Standby, member: str) -> str:
+        """The member's own seed from the server's factory; whatever it raises is this refill's
+        named error (the pool's ``last_error``), not an end of the refill task."""
+        try:
+            return await standby.seed(member)
+        except Exception as exc:
+            raise FleetError(f"the standby seed of {member} could not be made: {exc}") from exc
+
+    async def _stand_by(self, member: str, ready: bytes, config: FleetConfig) -> None:
+        """Until the member's console shows ``ready`` (its agent made its spare key), or
+        ``pool_standby_wait_s`` have passed: a member paused before that still works, and
+        makes the rest of its key after the hand-off. A console that cannot be read is not
+        waited for (the member is paused, not lost)."""
+        deadline = time.monotonic() + config.pool_standby_wait_s
+        offset, tail = 0, b""
+        while True:
+            try:
+                chunk = await self.lifecycle.read_serial_log(member, offset)
+            except (FleetError, OSError) as exc:
+                log.info("pool member %s: its console cannot be read (%s); pausing it", member, exc)
+                return
+            offset += len(chunk)
+            if ready in tail + chunk:
+                return
+            tail = (tail + chunk)[-len(ready) :]
+            if time.monotonic() >= deadline:
+                log.info("pool member %s: no %r on its console; pausing it anyway", member, ready)
+                return
+            await asyncio.sleep(0.2)
+
+    async def take_from_pool(
+        self,
+        key: str,
+        spec: CloneSpec,
+        *,
+        bind_seed: Callable[[str], Awaitable[object]] | None = None,
+    ) -> Instance | None:
         """Hand a pooled, paused instance to ``spec.instance_id`` and resume it; ``None`` when
-        the pool is empty (the caller then uses ``clone_from_state``)."""
+        the pool is empty (the caller then uses ``clone_from_state``). ``bind_seed(member)``
+        marks ``spec.seed`` as the hand-off of the member picked, before it goes in: only such a
+        seed lets the member's agent use the key it made standing by (a failure is logged, and
+        the agent then makes a fresh key)."""
         slot = self.slots.get(key)
         if slot is None:
             raise NotFound(f"no warm pool {key!r}")
@@ -266,6 +358,8 @@ class WarmPool:
                     self.ctx.fault("booting")
                     await dom.resume()
                     if spec.seed:
+                        if bind_seed is not None:
+                            await self._bind(bind_seed, old.instance_id)
                         await self.lifecycle.set_seed_locked(h, e, spec.seed)
                     await dom.set_record(record)
                 except FleetError as err:
@@ -284,6 +378,13 @@ class WarmPool:
             return self.index.view(e)
         self._kick(slot)
         return None
+
+    @staticmethod
+    async def _bind(bind_seed: Callable[[str], Awaitable[object]], member: str) -> None:
+        try:
+            await bind_seed(member)
+        except Exception as exc:  # the caller's: an unbound seed only costs the spare key
+            log.warning("binding the hand-off's seed to %s failed: %s", member, exc)
 
     async def drain_pools(self) -> None:
         """Delete every pooled instance and forget the pools."""

@@ -14,6 +14,14 @@ the payload (UTF-8 JSON). A record that is absent, cut short or whose digest doe
 no record (the agent then mounts the seed, as for a seed written before this record existed).
 The seed disk is the host's (read-only to the guest), so this is exactly as trusted as the file.
 
+A warm-pool member is restored with a *standby* seed of its own (`"standby": true`, its member
+id, fresh `entropy`, the link's CA, no token): its agent reseeds the kernel's generator from it,
+makes the key and CSR of the instance it will become and one warm-up connection through its
+forward (closed unused), then writes `SPARE_KEY_READY` to its console, which the fleet waits for
+before it pauses the member. Only the hand-off's seed made for that member uses that key: its
+record carries `"standby_of": "<member id>"` (added by the server once the fleet has picked the
+member); any other seed, a clone's among them, makes a new one.
+
 Standard library only: the guest's agent imports it.
 """
 
@@ -23,6 +31,7 @@ import hashlib
 import struct
 
 MAGIC = b"SBX-IDENTITY-v1\n"
+SPARE_KEY_READY = "agentic-sandbox: spare key ready"  # a standby member's console line
 SYSTEM_AREA = 16 * 2048  # ISO 9660: the sectors before the first volume descriptor
 _HEAD = struct.Struct(">16sI32s")
 MAX_PAYLOAD = SYSTEM_AREA - _HEAD.size

@@ -48,7 +48,7 @@ from agentic_sandbox.provision.cloudinit import (
     render_user_data,
 )
 from agentic_sandbox.provision.loadouts import Loadout
-from agentic_sandbox.provision.seed import SeedFiles, write_seed_iso
+from agentic_sandbox.provision.seed import SeedFiles, bind_to_member, write_seed_iso
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +328,30 @@ class Provisioner:
             front=json.dumps(identity, separators=(",", ":")).encode(),
         )
 
+    def standby_seed(self, member_id: str, ca_pem: str = "") -> Path:
+        """A warm-pool member's own seed (`proto/seed_record.py`): its member id, entropy of
+        its own and no token, so its agent makes the key of the instance it will become while
+        it waits in the pool (`ca_pem`: the agent link's CA, for its warm-up connection).
+        Written to the seed folder; whoever takes the path removes it.
+        Cloud-init never reads it (the member is running, restored from its golden)."""
+        import json
+
+        identity = {
+            "instance_id": member_id,
+            "hostname": member_id,
+            "standby": True,
+            "ca_pem": ca_pem,
+            "issued_at": time.time(),
+            "entropy": base64.b64encode(secrets.token_bytes(32)).decode(),
+        }
+        files = SeedFiles(
+            user_data="#cloud-config\n{}\n",
+            meta_data=render_meta_data(member_id, member_id),
+            extra={IDENTITY_FILE: json.dumps(identity, indent=2) + "\n"},
+            front=json.dumps(identity, separators=(",", ":")).encode(),
+        )
+        return write_seed_iso(self.seed_dir / f"{member_id}.iso", files)
+
     @staticmethod
     def image_files(image: BuiltImage) -> dict[str, str]:
         """The image's files by their name in a host's image store (disk, and the kernel and
@@ -439,7 +463,11 @@ class Provisioner:
         )
         if req.source == "pool":
             assert req.pool_key is not None
-            inst = await self.fleet.take_from_pool(req.pool_key, spec_clone)
+
+            async def bind_seed(member: str) -> bool:  # the hand-off's seed names its member
+                return await asyncio.to_thread(bind_to_member, seed_path, member)
+
+            inst = await self.fleet.take_from_pool(req.pool_key, spec_clone, bind_seed=bind_seed)
             if inst is not None:
                 return inst
             status = {p.key: p for p in await self.fleet.pool_status()}.get(req.pool_key)

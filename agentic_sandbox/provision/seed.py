@@ -7,6 +7,7 @@ cloud-init looks for are there). `SeedFiles.front` goes into the image's system 
 from __future__ import annotations
 
 import io
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,27 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
     finally:
         iso.close()
     return path
+
+
+def bind_to_member(path: Path, member_id: str) -> bool:
+    """Mark the seed at `path` as the hand-off of warm-pool member `member_id`: its record
+    gains `"standby_of": member_id`, so that member's agent may use the key it made while it
+    stood by (`agent/runtime.py`). Only the record changes (the seed's identity file does not
+    name the member: an agent that reads the file makes a fresh key). False when the seed has
+    no record. The record is rewritten in one write and checked by its digest: one cut short
+    is no record, and the agent then makes a fresh key, which is always safe."""
+    with open(path, "r+b") as f:
+        payload = seed_record.unpack(f.read(seed_record.SYSTEM_AREA))
+        if payload is None:
+            return False
+        identity = json.loads(payload)
+        identity["standby_of"] = member_id
+        record = seed_record.pack(json.dumps(identity, separators=(",", ":")).encode())
+        f.seek(0)
+        f.write(record.ljust(seed_record.SYSTEM_AREA, b"\0"))
+        f.flush()
+        os.fsync(f.fileno())
+    return True
 
 
 def read_seed_iso(path: Path) -> dict[str, bytes]:

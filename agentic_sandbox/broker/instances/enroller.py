@@ -38,12 +38,17 @@ class LinkEnroller:
             if not fut.done():
                 fut.set_result(None)
 
+    @property
+    def ca_pem(self) -> str:
+        """The agent link's CA certificate (public)."""
+        return self._link.ca.certificate_pem.decode()
+
     async def grant(self, instance_id: str, incarnation: str) -> EnrollmentGrant:
         ttl = dt.timedelta(seconds=self._settings.enrollment_token_ttl_seconds)
         issued = await self._link.enrollment.create_token(instance_id, ttl, incarnation)
         return EnrollmentGrant(
             token=issued.token,
-            ca_pem=self._link.ca.certificate_pem.decode(),
+            ca_pem=self.ca_pem,
             gateway_address=f"{AGENT_LINK_ADDRESS}:{self.agent_port}",
             server_name=DEFAULT_SERVER_NAME,
             agent_port=self.agent_port,

@@ -27,6 +27,7 @@ from sqlalchemy import select
 
 from agentic_sandbox.broker.auth.principal import Principal
 from agentic_sandbox.broker.instances.access import FleetGate
+from agentic_sandbox.broker.instances.enroller import LinkEnroller
 from agentic_sandbox.broker.instances.errors import InstanceError, InvalidInput, NotFoundError
 from agentic_sandbox.broker.instances.images import ImageCatalog
 from agentic_sandbox.broker.instances.loadouts import Loadouts, Resolved
@@ -34,8 +35,9 @@ from agentic_sandbox.broker.instances.provisioning import Provisioning
 from agentic_sandbox.broker.operations import OperationFailed, OperationRunner, Progress
 from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
-from agentic_sandbox.fleet import EgressPolicy, Fleet, FleetError
+from agentic_sandbox.fleet import EgressPolicy, Fleet, FleetError, Standby
 from agentic_sandbox.images import BuiltImage
+from agentic_sandbox.proto.seed_record import SPARE_KEY_READY
 from agentic_sandbox.provision import Loadout, ProvisionError, ProvisionRequest, network_refusal
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,7 @@ class WarmPools:
                     pool.size,
                     egress=EgressPolicy(pool.network),
                     agent_port=self._agent_port,
+                    standby=self._standby(),
                 )
             except FleetError as exc:
                 log.error("warm pool %s: %s", pool.key, exc)
@@ -206,7 +209,12 @@ class WarmPools:
             await self._capture_golden(progress, key, state_id, image, loadout, network)
         progress.stage("filling")
         await self._fleet.configure_pool(
-            key, state_id, size, egress=network, agent_port=self._agent_port
+            key,
+            state_id,
+            size,
+            egress=network,
+            agent_port=self._agent_port,
+            standby=self._standby(),
         )
         record = PoolRecord(
             key=key,
@@ -300,6 +308,7 @@ class WarmPools:
                 pool.size,
                 egress=network,
                 agent_port=self._agent_port,
+                standby=self._standby(),
                 wait=True,
             )
         except FleetError as exc:
@@ -372,6 +381,18 @@ class WarmPools:
                 await self._fleet.delete(golden)
             except FleetError:
                 log.exception("deleting golden %s failed", golden)
+
+    def _standby(self) -> Standby:
+        """Each new member gets a standby seed of its own and is paused once its agent has
+        made the key of the instance it will become (`proto/seed_record.py`)."""
+        provisioner = self._provisioning.provisioner
+        enroller = self._provisioning.enroller
+        ca_pem = enroller.ca_pem if isinstance(enroller, LinkEnroller) else ""
+
+        async def seed(member_id: str) -> str:
+            return str(await asyncio.to_thread(provisioner.standby_seed, member_id, ca_pem))
+
+        return Standby(seed=seed, ready=SPARE_KEY_READY.encode())
 
     async def _wait_marker(self, instance_id: str, limit: float) -> None:
         async with asyncio.timeout(limit):

@@ -398,6 +398,17 @@ def test_warm_pool_hand_off(server: ServerProcess, image: dict[str, Any]) -> Non
     # every member of a pool wakes with the golden's random generator: reseeded at the hand-off
     console = server.ok("GET", f"/api/v2/admin/instances/{pooled}/console?tail=200000")["text"]
     assert "kernel random generator reseeded from the seed" in console, console[-3000:]
+    # it stood by with a seed of its own: reseeded from that seed's entropy before it made
+    # the key ahead, and the hand-off used that key (the whole story, in order, on its console)
+    story = [
+        "standing by in a warm pool as pool-",
+        "kernel random generator reseeded from the seed",
+        "agentic-sandbox: spare key ready",
+        "using the key made while this guest stood by in the pool",
+        f"enrolled as instance {pooled}",
+    ]
+    at = [console.find(line) for line in story]
+    assert -1 not in at and at == sorted(at), (dict(zip(story, at, strict=True)), console[-3000:])
     # the pool goes while an instance taken from it still runs: its golden memory image goes
     # at once, the frozen disk the instance runs on stays until that instance is deleted
     server.ok("DELETE", f"/api/v2/admin/pools/{key}")

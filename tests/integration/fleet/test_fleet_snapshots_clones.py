@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agentic_sandbox.fleet import (
@@ -11,6 +13,7 @@ from agentic_sandbox.fleet import (
     InstanceState,
     InvalidRequest,
     NotFound,
+    Standby,
 )
 from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 from tests.support.fleet_env import Env
@@ -207,3 +210,144 @@ async def test_warm_pool_take_and_refill(env: Env) -> None:
         "gold",
     ]
     await f.drain_pools()
+
+
+async def test_a_standby_pool_gives_each_member_a_seed_of_its_own(env: Env) -> None:
+    """The server's standby seed goes into each new member (its id, its file), and the local
+    file it was written to is gone once the fleet copied it."""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+    asked: list[str] = []
+    written: list[Path] = []
+
+    async def seed(member_id: str) -> str:
+        asked.append(member_id)
+        path = env.root / f"{member_id}.standby.iso"
+        path.write_bytes(f"seed of {member_id}".encode())
+        written.append(path)
+        return str(path)
+
+    status = await f.configure_pool(
+        "p1", "st", 2, standby=Standby(seed=seed, ready=b"ready"), wait=True
+    )
+    assert status.ready == 2
+    members = [i for i in await f.list_instances(include_pooled=True) if i.record.pool == "p1"]
+    assert sorted(i.instance_id for i in members) == sorted(asked)
+    for member in members:
+        assert member.state is InstanceState.PAUSED and member.record.seed
+        assert Path(member.record.seed).read_bytes() == f"seed of {member.instance_id}".encode()
+    assert not any(p.exists() for p in written)
+    await f.configure_pool("p1", "st", 0)
+    await f.drain_pools()
+
+
+async def test_the_hand_off_seed_is_bound_to_the_member_picked(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bind_seed` hears the id of the member picked, and runs before the seed goes in (what
+    it writes is what the member gets); a bind that fails still hands the member off. (The
+    test driver has no media change: the seed's copy is recorded instead.)"""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+    await f.configure_pool("p1", "st", 2, wait=True)
+    members = list(f.pools.slots["p1"].ready)
+    bound: list[str] = []
+    copied: list[bytes] = []
+    seed = env.root / "hand-off.iso"
+
+    async def set_seed(host: object, entry: object, path: str) -> None:
+        copied.append(Path(path).read_bytes())
+
+    monkeypatch.setattr(f.lifecycle, "set_seed_locked", set_seed)
+
+    async def bind(member: str) -> None:
+        bound.append(member)
+        seed.write_bytes(f"for {member}".encode())
+
+    seed.write_bytes(b"unbound")
+    got = await f.take_from_pool(
+        "p1", CloneSpec(instance_id="web-1", seed=str(seed)), bind_seed=bind
+    )
+    assert got is not None and bound == [members[0]]
+    assert copied == [f"for {members[0]}".encode()]
+
+    async def broken(member: str) -> None:
+        raise OSError("disk full")
+
+    seed.write_bytes(b"unbound")
+    got = await f.take_from_pool(
+        "p1", CloneSpec(instance_id="web-2", seed=str(seed)), bind_seed=broken
+    )
+    assert got is not None and got.state is InstanceState.RUNNING
+    assert copied[-1] == b"unbound"
+    await f.configure_pool("p1", "st", 0)
+    await f.drain_pools()
+
+
+async def test_no_snapshot_or_saved_state_of_a_pool_member(env: Env) -> None:
+    """A member's memory may hold the key its agent made standing by: it is never saved."""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+    await f.configure_pool("p1", "st", 1, wait=True)
+    member = f.pools.slots["p1"].ready[0]
+    with pytest.raises(InvalidRequest, match="member of warm pool 'p1'"):
+        await f.create_snapshot(member, "s1")
+    with pytest.raises(InvalidRequest, match="member of warm pool 'p1'"):
+        await f.capture_state(member, "st2")
+    assert await f.list_snapshots(member) == [] and f.states.get("st2") is None
+    taken = await f.take_from_pool("p1", CloneSpec(instance_id="web-1"))
+    assert taken is not None
+    assert (await f.create_snapshot("web-1", "s1")).name == "s1"  # taken: its own instance
+    await f.configure_pool("p1", "st", 0)
+    await f.drain_pools()
+
+
+async def test_a_failing_standby_seed_factory_is_the_pools_named_error(env: Env) -> None:
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+
+    async def seed(member_id: str) -> str:
+        raise ValueError("the record is too large")
+
+    status = await f.configure_pool(
+        "p1", "st", 1, standby=Standby(seed=seed, ready=b"ready"), wait=True
+    )
+    assert status.ready == 0
+    assert "standby seed" in status.last_error and "the record is too large" in status.last_error
+    assert [i.instance_id for i in await f.list_instances(include_pooled=True)] == ["gold"]
+    await f.drain_pools()
+
+
+async def test_a_member_never_paused_is_replaced_not_taken_back(env: Env) -> None:
+    """A member left running (the server stopped while it warmed up or stood by) is not taken
+    into the pool as it is: it is deleted, and the refill makes a new one."""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+    await f.configure_pool("p1", "st", 1, wait=True)
+    slot = f.pools.slots["p1"]
+    stale = slot.ready.pop()  # as a new server finds it: in the fleet, not in the pool's list
+    await f.lifecycle.resume(stale)
+    status = await f.configure_pool("p1", "st", 1, wait=True)
+    assert status.ready == 1 and stale not in slot.ready
+    assert stale not in [i.instance_id for i in await f.list_instances(include_pooled=True)]
+    await f.configure_pool("p1", "st", 0)
+    await f.drain_pools()
+
+
+async def test_an_unreadable_console_pauses_the_member_rather_than_losing_it(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+
+    async def unreadable(instance_id: str, offset: int = 0) -> bytes:
+        raise NotFound("the serial log is gone")
+
+    monkeypatch.setattr(f.lifecycle, "read_serial_log", unreadable)
+    # returns at once (no wait for the standby time), without raising into the refill
+    await f.pools._stand_by("gold", b"ready", f.pools.ctx.config)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from agentic_sandbox.agent.identity import SeedIdentity
+from agentic_sandbox.proto import seed_record
 from agentic_sandbox.provision import load_catalog, read_seed_iso, write_seed_iso
 from agentic_sandbox.provision.bundle import build_bundle
 from agentic_sandbox.provision.cloudinit import (
@@ -23,7 +25,7 @@ from agentic_sandbox.provision.cloudinit import (
     render_network_config,
     render_user_data,
 )
-from agentic_sandbox.provision.seed import SeedFiles
+from agentic_sandbox.provision.seed import SeedFiles, bind_to_member
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHx0 op@example"
 
@@ -148,3 +150,29 @@ def test_seed_iso_has_cidata_label_and_cloud_init_names(tmp_path: Path) -> None:
     assert json.loads(files["agentic-sandbox.json"]) == {"instance_id": "a"}
     assert oct(path.stat().st_mode & 0o777) == "0o600"  # it holds a one-time token
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_hand_off_seed_is_bound_to_its_member_in_the_record_only(tmp_path: Path) -> None:
+    """`bind_to_member` adds `standby_of` to the system-area record the agent reads; the ISO's
+    files stay as they were (an agent that mounts them makes a fresh key)."""
+    identity_json = {"instance_id": "web-1", "enrollment_token": "sbe_x"}
+    seed = SeedFiles(
+        "#cloud-config\n{}\n",
+        "instance-id: web-1\n",
+        extra={"agentic-sandbox.json": json.dumps(identity_json)},
+        front=json.dumps(identity_json).encode(),
+    )
+    path = write_seed_iso(tmp_path / "s.iso", seed)
+    before = read_seed_iso(path)
+    assert bind_to_member(path, "pool-1a2b") is True
+    payload = seed_record.unpack(path.read_bytes()[: seed_record.SYSTEM_AREA])
+    assert payload is not None
+    parsed = SeedIdentity.from_json(json.loads(payload))
+    assert parsed.instance_id == "web-1" and parsed.standby_of == "pool-1a2b"
+    assert parsed.enrollment_token == "sbe_x"
+    assert read_seed_iso(path) == before  # the filesystem is untouched
+    assert "standby_of" not in json.loads(before["agentic-sandbox.json"])
+
+    bare = write_seed_iso(tmp_path / "bare.iso", SeedFiles("#cloud-config\n{}\n", "x: 1\n"))
+    raw = bare.read_bytes()
+    assert bind_to_member(bare, "pool-1a2b") is False and bare.read_bytes() == raw
