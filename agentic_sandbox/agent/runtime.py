@@ -57,7 +57,7 @@ from agentic_sandbox.agent.streams import Opener, Stream, StreamHandler, StreamT
 from agentic_sandbox.agent.sysinfo import SysInfo
 from agentic_sandbox.proto import PROTOCOL, PROTOCOL_METADATA
 from agentic_sandbox.proto import agent_pb2 as pb
-from agentic_sandbox.proto.seed_record import SPARE_KEY_READY
+from agentic_sandbox.proto.seed_record import NO_SPARE_KEY, SPARE_KEY_READY
 
 log = logging.getLogger("agent")
 
@@ -545,7 +545,7 @@ class AgentRuntime:
             with contextlib.suppress(OSError):
                 self.cfg.ca_path.unlink()
         if not self._reseed(seed):
-            log.warning("no spare key without this member's own entropy: made at the hand-off")
+            log.warning("%s without this member's own entropy: made at the hand-off", NO_SPARE_KEY)
             return
         self._spare = make_keys(seed.instance_id)
         self._spare_for = seed.instance_id
@@ -569,7 +569,8 @@ class AgentRuntime:
             log.info("standing by without a warm-up connection: %s", exc or type(exc).__name__)
         try:
             await asyncio.shield(spare)  # ending the warm-up (a hand-off) must not end the key
-        except Exception:  # reported where it is used: the hand-off makes another
+        except Exception as exc:  # the hand-off makes another
+            log.warning("%s: %s", NO_SPARE_KEY, exc)
             return
         log.info("%s (%.0f ms)", SPARE_KEY_READY, (time.monotonic() - started) * 1000)
 

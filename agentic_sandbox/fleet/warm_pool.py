@@ -64,7 +64,7 @@ class Standby:
     member's seed and returns its local path, which the fleet removes once it is copied."""
 
     seed: Callable[[str], Awaitable[str]]
-    ready: bytes  # the console line of a member that is ready to be paused
+    ready: tuple[bytes, ...]  # console lines of a member that is ready to be paused (any one)
 
 
 @dataclass
@@ -287,8 +287,9 @@ class WarmPool:
         except Exception as exc:
             raise FleetError(f"the standby seed of {member} could not be made: {exc}") from exc
 
-    async def _stand_by(self, member: str, ready: bytes, config: FleetConfig) -> None:
-        """Until the member's console shows ``ready`` (its agent made its spare key), or
+    async def _stand_by(self, member: str, ready: tuple[bytes, ...], config: FleetConfig) -> None:
+        """Until the member's console shows one of ``ready`` (its agent made its spare key, or
+        says it makes none), or
         ``pool_standby_wait_s`` have passed: a member paused before that still works, and
         makes the rest of its key after the hand-off. A console that cannot be read is not
         waited for (the member is paused, not lost)."""
@@ -301,9 +302,10 @@ class WarmPool:
                 log.info("pool member %s: its console cannot be read (%s); pausing it", member, exc)
                 return
             offset += len(chunk)
-            if ready in tail + chunk:
+            seen = tail + chunk
+            if any(line in seen for line in ready):
                 return
-            tail = (tail + chunk)[-len(ready) :]
+            tail = seen[-max(len(line) for line in ready) :]
             if time.monotonic() >= deadline:
                 log.info("pool member %s: no %r on its console; pausing it anyway", member, ready)
                 return
@@ -348,6 +350,7 @@ class WarmPool:
                         "restart_on_crash": spec.restart_on_crash,
                     }
                 )
+                dom = None
                 try:
                     dom = await lookup(h, e)
                     # re-key first so events from the resume find the new id
@@ -366,10 +369,16 @@ class WarmPool:
                     log.warning(
                         "warm pool %s: hand-off of %s failed: %s", key, old.instance_id, err
                     )
+                    # Off at once, not only when its delete comes round: resumed, perhaps with
+                    # the caller's seed in its drive, its agent would enroll with that seed's
+                    # one-time token (with its spare key, quickly), racing the member or clone
+                    # the caller is handed next.
+                    if dom is not None:
+                        with contextlib.suppress(FleetError):
+                            await dom.destroy()
                     self.index.pop(spec.instance_id)
-                    self.index.rekey(
-                        e, e.record.model_copy(update={"instance_id": old.instance_id})
-                    )
+                    # back to the member it was (its pool, no owner), with whatever seed it has
+                    self.index.rekey(e, old.model_copy(update={"seed": e.record.seed}))
                     self.ctx.spawn(self.lifecycle.delete(old.instance_id))
                     continue
                 self.index.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")

@@ -32,6 +32,7 @@ import struct
 
 MAGIC = b"SBX-IDENTITY-v1\n"
 SPARE_KEY_READY = "agentic-sandbox: spare key ready"  # a standby member's console line
+NO_SPARE_KEY = "agentic-sandbox: no spare key"  # or this one: it made none (pause it all the same)
 SYSTEM_AREA = 16 * 2048  # ISO 9660: the sectors before the first volume descriptor
 _HEAD = struct.Struct(">16sI32s")
 MAX_PAYLOAD = SYSTEM_AREA - _HEAD.size

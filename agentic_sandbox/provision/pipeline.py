@@ -470,6 +470,9 @@ class Provisioner:
             inst = await self.fleet.take_from_pool(req.pool_key, spec_clone, bind_seed=bind_seed)
             if inst is not None:
                 return inst
+            # no member was handed over: the seed goes to a clone, which no member's key may
+            # ever serve (a bind for a member whose hand-off failed is taken off)
+            await asyncio.to_thread(bind_to_member, seed_path, "")
             status = {p.key: p for p in await self.fleet.pool_status()}.get(req.pool_key)
             if status is None:
                 raise ProvisionError("placing", f"no warm pool {req.pool_key!r}")

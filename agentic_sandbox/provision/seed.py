@@ -82,7 +82,8 @@ def write_seed_iso(path: Path, seed: SeedFiles) -> Path:
 def bind_to_member(path: Path, member_id: str) -> bool:
     """Mark the seed at `path` as the hand-off of warm-pool member `member_id`: its record
     gains `"standby_of": member_id`, so that member's agent may use the key it made while it
-    stood by (`agent/runtime.py`). Only the record changes (the seed's identity file does not
+    stood by (`agent/runtime.py`); `member_id=""` takes the mark off again (the seed then goes
+    to a clone instead). Only the record changes (the seed's identity file does not
     name the member: an agent that reads the file makes a fresh key). False when the seed has
     no record. The record is rewritten in one write and checked by its digest: one cut short
     is no record, and the agent then makes a fresh key, which is always safe."""
@@ -91,7 +92,10 @@ def bind_to_member(path: Path, member_id: str) -> bool:
         if payload is None:
             return False
         identity = json.loads(payload)
-        identity["standby_of"] = member_id
+        if member_id:
+            identity["standby_of"] = member_id
+        else:
+            identity.pop("standby_of", None)
         record = seed_record.pack(json.dumps(identity, separators=(",", ":")).encode())
         f.seek(0)
         f.write(record.ljust(seed_record.SYSTEM_AREA, b"\0"))

@@ -37,7 +37,7 @@ from agentic_sandbox.broker.services import Services
 from agentic_sandbox.broker.store import models as m
 from agentic_sandbox.fleet import EgressPolicy, Fleet, FleetError, Standby
 from agentic_sandbox.images import BuiltImage
-from agentic_sandbox.proto.seed_record import SPARE_KEY_READY
+from agentic_sandbox.proto.seed_record import NO_SPARE_KEY, SPARE_KEY_READY
 from agentic_sandbox.provision import Loadout, ProvisionError, ProvisionRequest, network_refusal
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,7 @@ class WarmPools:
         async def seed(member_id: str) -> str:
             return str(await asyncio.to_thread(provisioner.standby_seed, member_id, ca_pem))
 
-        return Standby(seed=seed, ready=SPARE_KEY_READY.encode())
+        return Standby(seed=seed, ready=(SPARE_KEY_READY.encode(), NO_SPARE_KEY.encode()))
 
     async def _wait_marker(self, instance_id: str, limit: float) -> None:
         async with asyncio.timeout(limit):

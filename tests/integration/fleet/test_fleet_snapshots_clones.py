@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,7 @@ async def test_a_standby_pool_gives_each_member_a_seed_of_its_own(env: Env) -> N
         return str(path)
 
     status = await f.configure_pool(
-        "p1", "st", 2, standby=Standby(seed=seed, ready=b"ready"), wait=True
+        "p1", "st", 2, standby=Standby(seed=seed, ready=(b"ready",)), wait=True
     )
     assert status.ready == 2
     members = [i for i in await f.list_instances(include_pooled=True) if i.record.pool == "p1"]
@@ -314,7 +315,7 @@ async def test_a_failing_standby_seed_factory_is_the_pools_named_error(env: Env)
         raise ValueError("the record is too large")
 
     status = await f.configure_pool(
-        "p1", "st", 1, standby=Standby(seed=seed, ready=b"ready"), wait=True
+        "p1", "st", 1, standby=Standby(seed=seed, ready=(b"ready",)), wait=True
     )
     assert status.ready == 0
     assert "standby seed" in status.last_error and "the record is too large" in status.last_error
@@ -322,19 +323,67 @@ async def test_a_failing_standby_seed_factory_is_the_pools_named_error(env: Env)
     await f.drain_pools()
 
 
-async def test_a_member_never_paused_is_replaced_not_taken_back(env: Env) -> None:
-    """A member left running (the server stopped while it warmed up or stood by) is not taken
-    into the pool as it is: it is deleted, and the refill makes a new one."""
+async def test_a_failed_hand_off_turns_the_member_off_and_gives_it_back_its_record(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member whose hand-off fails after its resume (here: the seed's media change) is off
+    before its delete comes round, so it cannot enroll with the caller's seed; and it is the
+    pool member it was (its pool, no owner), not a half-made instance of the caller's."""
     f = env.fleet
     await f.create(InstanceSpec(instance_id="gold", image="img"))
     await f.capture_state("gold", "st")
     await f.configure_pool("p1", "st", 1, wait=True)
+    member = f.pools.slots["p1"].ready[0]
+    seen: list[tuple[str, bool, str | None, str | None]] = []
+    real_delete = f.lifecycle.delete
+    conn = f.hosts["h1"].conn
+    assert conn is not None
+
+    async def set_seed(host: object, entry: object, path: str) -> None:
+        raise Conflict("the tray would not open")
+
+    async def delete(instance_id: str) -> None:
+        got = await f.get(instance_id)
+        running = bool(conn.lookupByName(got.record.domain).isActive())  # libvirt's own word
+        seen.append((instance_id, running, got.record.pool, got.record.owner))
+        await real_delete(instance_id)
+
+    monkeypatch.setattr(f.lifecycle, "set_seed_locked", set_seed)
+    monkeypatch.setattr(f.lifecycle, "delete", delete)
+    seed = env.root / "hand-off.iso"
+    seed.write_bytes(b"seed")
+    got = await f.take_from_pool(
+        "p1", CloneSpec(instance_id="web-1", owner="alice", seed=str(seed))
+    )
+    assert got is None
+    await wait_for(lambda: len(seen) == 1, what="the failed member's delete")
+    assert seen == [(member, False, "p1", "")]
+    with pytest.raises(NotFound):
+        await f.get("web-1")
+    await f.configure_pool("p1", "st", 0)
+    await f.drain_pools()
+
+
+async def test_a_member_never_paused_is_replaced_not_taken_back(env: Env) -> None:
+    """A member left running (the server stopped while it warmed up) is not taken into the
+    pool as it is: it is deleted, and the refill makes a new one. The member a refill is
+    making right now is left alone."""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
+    await f.configure_pool("p1", "st", 2, wait=True)
     slot = f.pools.slots["p1"]
-    stale = slot.ready.pop()  # as a new server finds it: in the fleet, not in the pool's list
+    stale, making = slot.ready.pop(), slot.ready.pop()  # as a new server finds them
     await f.lifecycle.resume(stale)
-    status = await f.configure_pool("p1", "st", 1, wait=True)
-    assert status.ready == 1 and stale not in slot.ready
-    assert stale not in [i.instance_id for i in await f.list_instances(include_pooled=True)]
+    await f.lifecycle.resume(making)
+    slot.filling = making
+    status = await f.configure_pool("p1", "st", 2, wait=True)
+    pooled = [i.instance_id for i in await f.list_instances(include_pooled=True)]
+    assert stale not in pooled and stale not in slot.ready
+    assert making in pooled and making not in slot.ready  # its refill adds it when it is paused
+    assert status.ready == 2
+    slot.filling = None
+    await f.delete(making)
     await f.configure_pool("p1", "st", 0)
     await f.drain_pools()
 
@@ -349,5 +398,32 @@ async def test_an_unreadable_console_pauses_the_member_rather_than_losing_it(
         raise NotFound("the serial log is gone")
 
     monkeypatch.setattr(f.lifecycle, "read_serial_log", unreadable)
+    config = f.pools.ctx.config
+    assert config.pool_standby_wait_s >= 10
+    started = time.monotonic()
     # returns at once (no wait for the standby time), without raising into the refill
-    await f.pools._stand_by("gold", b"ready", f.pools.ctx.config)
+    await f.pools._stand_by("gold", (b"ready",), config)
+    assert time.monotonic() - started < 2
+
+
+async def test_a_member_is_paused_on_either_console_line_even_split_across_reads(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent says it made its spare key, or that it makes none: either ends the wait at
+    once (a member with no spare must not keep its guest running for the whole standby time),
+    also when the line arrives in two reads of the console."""
+    f = env.fleet
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    config = f.pools.ctx.config
+    lines = (b"agentic-sandbox: spare key ready", b"agentic-sandbox: no spare key")
+    for said in lines:
+        console = b"boot noise\n" + said + b" (812 ms)\n"
+        reads = [console[:20], console[20:30], console[30:], b""]
+
+        async def read(instance_id: str, offset: int = 0, reads: list[bytes] = reads) -> bytes:
+            return reads.pop(0) if reads else b""
+
+        monkeypatch.setattr(f.lifecycle, "read_serial_log", read)
+        started = time.monotonic()
+        await f.pools._stand_by("gold", lines, config)
+        assert time.monotonic() - started < 2 and reads == [b""]

@@ -10,7 +10,7 @@ import pytest
 
 from agentic_sandbox.agent import entropy, identity
 from agentic_sandbox.agent import runtime as runtime_module
-from agentic_sandbox.proto.seed_record import SPARE_KEY_READY
+from agentic_sandbox.proto.seed_record import NO_SPARE_KEY, SPARE_KEY_READY
 from tests.unit.agent.test_agent_identity import runtime
 
 KeyFuture = asyncio.Future[tuple[bytes, bytes]]
@@ -173,7 +173,7 @@ async def test_a_spare_still_being_made_is_awaited_and_a_failed_one_replaced(
 
 @pytest.mark.parametrize("trouble", ["no entropy", "reseed refused"])
 async def test_no_spare_key_without_the_members_own_entropy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trouble: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, trouble: str
 ) -> None:
     """Without its own entropy a member's key would be every member's: none is made ahead."""
     rt = runtime(tmp_path)
@@ -187,8 +187,10 @@ async def test_no_spare_key_without_the_members_own_entropy(
             raise PermissionError("not root")
 
         monkeypatch.setattr(entropy, "reseed_kernel_rng", refuse)
-    assert await rt.adopt_seed_identity() is True
+    with caplog.at_level(logging.INFO, logger="agent"):
+        assert await rt.adopt_seed_identity() is True
     assert "pool-1" not in guest.keys
+    assert NO_SPARE_KEY in caplog.text  # the fleet pauses it on that, not after its wait
     guest.seed = seed("web-1", standby_of="pool-1")
     monkeypatch.setattr(entropy, "reseed_kernel_rng", lambda data: None)
     assert await rt.adopt_seed_identity() is True
@@ -222,3 +224,22 @@ async def test_a_failed_warm_up_still_stands_by(
             while SPARE_KEY_READY not in caplog.text:
                 await asyncio.sleep(0.01)
     assert "standing by without a warm-up connection: no CA on this seed" in caplog.text
+
+
+async def test_a_spare_that_cannot_be_made_says_so_on_the_console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fleet pauses a member on either console line: a failed key must not leave it
+    running until the standby time is up."""
+    rt = runtime(tmp_path)
+    guest = Guest(monkeypatch)
+    guest.seed = seed("pool-1", standby=True)
+    with caplog.at_level(logging.INFO, logger="agent"):
+        assert await rt.adopt_seed_identity() is True
+        guest.warm.set()
+        guest.keys["pool-1"].set_exception(RuntimeError("openssl failed"))
+        async with asyncio.timeout(5):
+            while NO_SPARE_KEY not in caplog.text:
+                await asyncio.sleep(0.01)
+    assert f"{NO_SPARE_KEY}: openssl failed" in caplog.text
+    assert SPARE_KEY_READY not in caplog.text

@@ -172,7 +172,54 @@ def test_a_hand_off_seed_is_bound_to_its_member_in_the_record_only(tmp_path: Pat
     assert parsed.enrollment_token == "sbe_x"
     assert read_seed_iso(path) == before  # the filesystem is untouched
     assert "standby_of" not in json.loads(before["agentic-sandbox.json"])
+    assert bind_to_member(path, "") is True  # taken off again: the seed goes to a clone
+    payload = seed_record.unpack(path.read_bytes()[: seed_record.SYSTEM_AREA])
+    assert payload is not None and "standby_of" not in json.loads(payload)
+    assert SeedIdentity.from_json(json.loads(payload)).standby_of == ""
 
     bare = write_seed_iso(tmp_path / "bare.iso", SeedFiles("#cloud-config\n{}\n", "x: 1\n"))
     raw = bare.read_bytes()
     assert bind_to_member(bare, "pool-1a2b") is False and bare.read_bytes() == raw
+
+
+async def test_a_seed_bound_for_a_failed_hand_off_goes_to_the_fallback_clone_unbound(
+    tmp_path: Path,
+) -> None:
+    """`take_from_pool` bound the seed to a member whose hand-off then failed and found no
+    other: the clone made instead gets the seed without `standby_of` (no member's key may ever
+    serve a clone)."""
+    from agentic_sandbox.fleet import CloneSpec, PoolStatus
+    from agentic_sandbox.provision import Provisioner, ProvisionRequest
+
+    seed_path = write_seed_iso(
+        tmp_path / "web-1.iso",
+        SeedFiles("#cloud-config\n{}\n", "x: 1\n", front=b'{"instance_id":"web-1"}'),
+    )
+    records: list[dict[str, object]] = []
+
+    def record() -> dict[str, object]:
+        payload = seed_record.unpack(seed_path.read_bytes()[: seed_record.SYSTEM_AREA])
+        assert payload is not None
+        return dict(json.loads(payload))
+
+    class Fleet:
+        async def take_from_pool(self, key: str, spec: CloneSpec, *, bind_seed: object) -> None:
+            assert callable(bind_seed)
+            await bind_seed("pool-1a2b")  # picked, then its hand-off failed; no other member
+            records.append(record())
+
+        async def pool_status(self) -> list[PoolStatus]:
+            return [PoolStatus("p1", "st-1", 1, 0, "")]
+
+        async def clone_from_state(self, state_id: str, spec: CloneSpec) -> str:
+            assert spec.seed == str(seed_path)
+            records.append(record())
+            return "clone"
+
+    prov = Provisioner(Fleet(), tmp_path)  # type: ignore[arg-type]
+    req = ProvisionRequest(
+        "web-1", "alice", load_catalog().resolve("minimal"), source="pool", pool_key="p1"
+    )
+    assert await prov._make(req, seed_path, 8120) == "clone"
+    assert records[0]["standby_of"] == "pool-1a2b"
+    assert "standby_of" not in records[1]
