@@ -66,6 +66,14 @@ class Standby:
     seed: Callable[[str], Awaitable[str]]
     ready: tuple[bytes, ...]  # console lines of a member that is ready to be paused (any one)
 
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.ready, tuple)
+            or not self.ready
+            or not all(isinstance(line, bytes) and line for line in self.ready)
+        ):
+            raise InvalidRequest("Standby.ready: a non-empty tuple of non-empty console lines")
+
 
 @dataclass
 class PoolSlot:
@@ -365,20 +373,24 @@ class WarmPool:
                             await self._bind(bind_seed, old.instance_id)
                         await self.lifecycle.set_seed_locked(h, e, spec.seed)
                     await dom.set_record(record)
-                except FleetError as err:
+                except (FleetError, OSError) as err:  # OSError: a local seed copy
                     log.warning(
                         "warm pool %s: hand-off of %s failed: %s", key, old.instance_id, err
                     )
                     # Off at once, not only when its delete comes round: resumed, perhaps with
                     # the caller's seed in its drive, its agent would enroll with that seed's
                     # one-time token (with its spare key, quickly), racing the member or clone
-                    # the caller is handed next.
+                    # the caller is handed next. Then the member it was again (its pool, no
+                    # owner), in the index and in its domain's metadata, so that a delete that
+                    # fails leaves a pool member for reconciliation, not the caller's instance.
+                    back = old.model_copy(update={"seed": e.record.seed})
                     if dom is not None:
                         with contextlib.suppress(FleetError):
                             await dom.destroy()
-                    self.index.pop(spec.instance_id)
-                    # back to the member it was (its pool, no owner), with whatever seed it has
-                    self.index.rekey(e, old.model_copy(update={"seed": e.record.seed}))
+                        with contextlib.suppress(FleetError):
+                            await dom.set_record(back)
+                    self.index.rekey(e, back)
+                    self.index.set_state(e, InstanceState.SHUTOFF, f"hand-off failed: {err}")
                     self.ctx.spawn(self.lifecycle.delete(old.instance_id))
                     continue
                 self.index.set_state(e, InstanceState.RUNNING, f"taken from warm pool {key}")

@@ -17,10 +17,11 @@ The seed disk is the host's (read-only to the guest), so this is exactly as trus
 A warm-pool member is restored with a *standby* seed of its own (`"standby": true`, its member
 id, fresh `entropy`, the link's CA, no token): its agent reseeds the kernel's generator from it,
 makes the key and CSR of the instance it will become and one warm-up connection through its
-forward (closed unused), then writes `SPARE_KEY_READY` to its console, which the fleet waits for
-before it pauses the member. Only the hand-off's seed made for that member uses that key: its
-record carries `"standby_of": "<member id>"` (added by the server once the fleet has picked the
-member); any other seed, a clone's among them, makes a new one.
+forward (closed unused), then writes `SPARE_KEY_READY` to its console (or `NO_SPARE_KEY` when it
+made none), which the fleet waits for before it pauses the member. Only the hand-off's seed made
+for that member uses that key: its record carries `"standby_of": "<member id>"` (added by the
+server once the fleet has picked the member); any other seed, a clone's among them, makes a new
+one.
 
 Standard library only: the guest's agent imports it.
 """

@@ -464,15 +464,17 @@ class Provisioner:
         if req.source == "pool":
             assert req.pool_key is not None
 
+            bound: list[str] = []
+
             async def bind_seed(member: str) -> bool:  # the hand-off's seed names its member
+                bound.append(member)
                 return await asyncio.to_thread(bind_to_member, seed_path, member)
 
             inst = await self.fleet.take_from_pool(req.pool_key, spec_clone, bind_seed=bind_seed)
             if inst is not None:
                 return inst
-            # no member was handed over: the seed goes to a clone, which no member's key may
-            # ever serve (a bind for a member whose hand-off failed is taken off)
-            await asyncio.to_thread(bind_to_member, seed_path, "")
+            if bound:  # no member was handed over: the seed goes to a clone instead
+                await self._unbind(seed_path, bound)
             status = {p.key: p for p in await self.fleet.pool_status()}.get(req.pool_key)
             if status is None:
                 raise ProvisionError("placing", f"no warm pool {req.pool_key!r}")
@@ -511,6 +513,15 @@ class Provisioner:
             **({"boot": boot} if boot is not None else {}),
         )
         return await self.fleet.create(spec, start=req.start)
+
+    @staticmethod
+    async def _unbind(seed_path: Path, members: list[str]) -> None:
+        """Take a failed hand-off's `standby_of` off the seed. A failure is only logged: the
+        clone's agent never stood by as that member, so it has no key the mark could select."""
+        try:
+            await asyncio.to_thread(bind_to_member, seed_path, "")
+        except (OSError, ValueError) as exc:
+            log.warning("unbinding the seed from %s failed: %s", ", ".join(members), exc)
 
     async def _wait_enrolled(
         self, req: ProvisionRequest, inst: Instance, enroller: Enroller

@@ -16,6 +16,8 @@ from agentic_sandbox.fleet import (
     NotFound,
     Standby,
 )
+from agentic_sandbox.fleet.index import Entry
+from agentic_sandbox.fleet.libvirt.domain import save_record
 from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 from tests.support.fleet_env import Env
 from tests.support.libvirt_testdriver import wait_for
@@ -323,29 +325,43 @@ async def test_a_failing_standby_seed_factory_is_the_pools_named_error(env: Env)
     await f.drain_pools()
 
 
+@pytest.mark.parametrize("failure", [Conflict("the tray would not open"), OSError("disk full")])
 async def test_a_failed_hand_off_turns_the_member_off_and_gives_it_back_its_record(
-    env: Env, monkeypatch: pytest.MonkeyPatch
+    env: Env, monkeypatch: pytest.MonkeyPatch, failure: Exception
 ) -> None:
-    """A member whose hand-off fails after its resume (here: the seed's media change) is off
-    before its delete comes round, so it cannot enroll with the caller's seed; and it is the
-    pool member it was (its pool, no owner), not a half-made instance of the caller's."""
+    """A member whose hand-off fails after its resume (here: the seed's step, after the
+    caller's record reached the domain's metadata) is off before its delete comes round, so it
+    cannot enroll with the caller's seed; and it is the pool member it was (its pool, no owner)
+    in the index and in libvirt's metadata, not a half-made instance of the caller's (a delete
+    that failed would leave reconciliation the caller's record)."""
     f = env.fleet
     await f.create(InstanceSpec(instance_id="gold", image="img"))
     await f.capture_state("gold", "st")
     await f.configure_pool("p1", "st", 1, wait=True)
     member = f.pools.slots["p1"].ready[0]
-    seen: list[tuple[str, bool, str | None, str | None]] = []
+    seen: list[tuple[str, bool, InstanceState, str | None, str | None, str | None]] = []
     real_delete = f.lifecycle.delete
     conn = f.hosts["h1"].conn
     assert conn is not None
 
-    async def set_seed(host: object, entry: object, path: str) -> None:
-        raise Conflict("the tray would not open")
+    async def set_seed(host: object, entry: Entry, path: str) -> None:
+        save_record(conn.lookupByName(entry.record.domain), entry.record)  # the caller's
+        raise failure
 
     async def delete(instance_id: str) -> None:
         got = await f.get(instance_id)
-        running = bool(conn.lookupByName(got.record.domain).isActive())  # libvirt's own word
-        seen.append((instance_id, running, got.record.pool, got.record.owner))
+        dom = conn.lookupByName(got.record.domain)
+        meta = parse_record(dom.XMLDesc(0))
+        seen.append(
+            (
+                instance_id,
+                bool(dom.isActive()),  # libvirt's own word
+                got.state,
+                got.record.pool,
+                got.record.owner,
+                meta.instance_id if meta is not None else None,
+            )
+        )
         await real_delete(instance_id)
 
     monkeypatch.setattr(f.lifecycle, "set_seed_locked", set_seed)
@@ -357,11 +373,21 @@ async def test_a_failed_hand_off_turns_the_member_off_and_gives_it_back_its_reco
     )
     assert got is None
     await wait_for(lambda: len(seen) == 1, what="the failed member's delete")
-    assert seen == [(member, False, "p1", "")]
+    assert seen == [(member, False, InstanceState.SHUTOFF, "p1", "", member)]
     with pytest.raises(NotFound):
         await f.get("web-1")
     await f.configure_pool("p1", "st", 0)
     await f.drain_pools()
+
+
+def test_a_standby_says_which_console_lines_end_its_wait() -> None:
+    async def seed(member_id: str) -> str:
+        return ""
+
+    assert Standby(seed=seed, ready=(b"ready", b"none")).ready == (b"ready", b"none")
+    for bad in (b"ready", (), (b"",), ("ready",)):
+        with pytest.raises(InvalidRequest, match=r"Standby\.ready"):
+            Standby(seed=seed, ready=bad)  # type: ignore[arg-type]
 
 
 async def test_a_member_never_paused_is_replaced_not_taken_back(env: Env) -> None:

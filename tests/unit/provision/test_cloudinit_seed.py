@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agentic_sandbox.agent.identity import SeedIdentity
@@ -223,3 +225,52 @@ async def test_a_seed_bound_for_a_failed_hand_off_goes_to_the_fallback_clone_unb
     assert await prov._make(req, seed_path, 8120) == "clone"
     assert records[0]["standby_of"] == "pool-1a2b"
     assert "standby_of" not in records[1]
+
+
+async def test_an_empty_pool_leaves_the_seed_alone_and_an_unbind_that_fails_is_only_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentic_sandbox.fleet import CloneSpec, PoolStatus
+    from agentic_sandbox.provision import Provisioner, ProvisionRequest, pipeline
+
+    seed_path = write_seed_iso(
+        tmp_path / "web-1.iso",
+        SeedFiles("#cloud-config\n{}\n", "x: 1\n", front=b'{"instance_id":"web-1"}'),
+    )
+    before = seed_path.read_bytes()
+    picks: list[str] = []
+    unbinds: list[str] = []
+
+    class Fleet:
+        async def take_from_pool(self, key: str, spec: CloneSpec, *, bind_seed: object) -> None:
+            assert callable(bind_seed)
+            for member in picks:
+                await bind_seed(member)
+
+        async def pool_status(self) -> list[PoolStatus]:
+            return [PoolStatus("p1", "st-1", 1, 0, "")]
+
+        async def clone_from_state(self, state_id: str, spec: CloneSpec) -> str:
+            return "clone"
+
+    prov = Provisioner(Fleet(), tmp_path)  # type: ignore[arg-type]
+    req = ProvisionRequest(
+        "web-1", "alice", load_catalog().resolve("minimal"), source="pool", pool_key="p1"
+    )
+    assert await prov._make(req, seed_path, 8120) == "clone"
+    assert seed_path.read_bytes() == before  # nothing bound: nothing rewritten
+
+    real = pipeline.bind_to_member
+
+    def bind(path: Path, member: str) -> bool:
+        if not member:
+            unbinds.append(str(path))
+            raise OSError("I/O error")
+        return real(path, member)
+
+    monkeypatch.setattr(pipeline, "bind_to_member", bind)
+    picks.append("pool-1a2b")
+    with caplog.at_level(logging.WARNING):
+        assert await prov._make(req, seed_path, 8120) == "clone"
+    assert unbinds == [str(seed_path)]
+    assert "unbinding the seed from pool-1a2b failed: I/O error" in caplog.text
