@@ -501,10 +501,8 @@ class AgentRuntime:
             self._warming = None
         if self._keys is not None and self._keys is not spare:
             self._keys.cancel()
-        usable = spare is not None and not (
-            spare.done() and (spare.cancelled() or spare.exception())
-        )
-        if spare is not None and usable and seed.standby_of and seed.standby_of == spare_for:
+        failed = spare is not None and spare.done() and (spare.cancelled() or spare.exception())
+        if spare is not None and not failed and spare_for and seed.standby_of == spare_for:
             log.info("using the key made while this guest stood by in the pool as %s", spare_for)
             self._keys = spare
         else:

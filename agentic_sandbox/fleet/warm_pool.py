@@ -297,10 +297,9 @@ class WarmPool:
 
     async def _stand_by(self, member: str, ready: tuple[bytes, ...], config: FleetConfig) -> None:
         """Until the member's console shows one of ``ready`` (its agent made its spare key, or
-        says it makes none), or
-        ``pool_standby_wait_s`` have passed: a member paused before that still works, and
-        makes the rest of its key after the hand-off. A console that cannot be read is not
-        waited for (the member is paused, not lost)."""
+        says it makes none), or ``pool_standby_wait_s`` have passed: a member paused before
+        that still works, and makes the rest of its key after the hand-off. A console that
+        cannot be read is not waited for (the member is paused, not lost)."""
         deadline = time.monotonic() + config.pool_standby_wait_s
         offset, tail = 0, b""
         while True:

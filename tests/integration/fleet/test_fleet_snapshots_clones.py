@@ -10,6 +10,7 @@ import pytest
 from agentic_sandbox.fleet import (
     CloneSpec,
     Conflict,
+    Fleet,
     InstanceSpec,
     InstanceState,
     InvalidRequest,
@@ -21,6 +22,12 @@ from agentic_sandbox.fleet.libvirt.domain import save_record
 from agentic_sandbox.fleet.libvirt.domain_xml import parse_record
 from tests.support.fleet_env import Env
 from tests.support.libvirt_testdriver import wait_for
+
+
+async def golden_state(f: Fleet) -> None:
+    """A running instance `gold` saved as state `st` (what a pool restores its members from)."""
+    await f.create(InstanceSpec(instance_id="gold", image="img"))
+    await f.capture_state("gold", "st")
 
 
 async def test_snapshot_create_list_revert_delete(env: Env) -> None:
@@ -186,8 +193,7 @@ async def test_clone_from_snapshot_needs_local_files(env: Env) -> None:
 
 async def test_warm_pool_take_and_refill(env: Env) -> None:
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     status = await f.configure_pool("img-default", "st", 2, wait=True)
     assert status.ready == 2
     pooled = await f.list_instances(include_pooled=True)
@@ -219,8 +225,7 @@ async def test_a_standby_pool_gives_each_member_a_seed_of_its_own(env: Env) -> N
     """The server's standby seed goes into each new member (its id, its file), and the local
     file it was written to is gone once the fleet copied it."""
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     asked: list[str] = []
     written: list[Path] = []
 
@@ -252,8 +257,7 @@ async def test_the_hand_off_seed_is_bound_to_the_member_picked(
     it writes is what the member gets); a bind that fails still hands the member off. (The
     test driver has no media change: the seed's copy is recorded instead.)"""
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     await f.configure_pool("p1", "st", 2, wait=True)
     members = list(f.pools.slots["p1"].ready)
     bound: list[str] = []
@@ -292,8 +296,7 @@ async def test_the_hand_off_seed_is_bound_to_the_member_picked(
 async def test_no_snapshot_or_saved_state_of_a_pool_member(env: Env) -> None:
     """A member's memory may hold the key its agent made standing by: it is never saved."""
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     await f.configure_pool("p1", "st", 1, wait=True)
     member = f.pools.slots["p1"].ready[0]
     with pytest.raises(InvalidRequest, match="member of warm pool 'p1'"):
@@ -310,8 +313,7 @@ async def test_no_snapshot_or_saved_state_of_a_pool_member(env: Env) -> None:
 
 async def test_a_failing_standby_seed_factory_is_the_pools_named_error(env: Env) -> None:
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
 
     async def seed(member_id: str) -> str:
         raise ValueError("the record is too large")
@@ -335,8 +337,7 @@ async def test_a_failed_hand_off_turns_the_member_off_and_gives_it_back_its_reco
     in the index and in libvirt's metadata, not a half-made instance of the caller's (a delete
     that failed would leave reconciliation the caller's record)."""
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     await f.configure_pool("p1", "st", 1, wait=True)
     member = f.pools.slots["p1"].ready[0]
     seen: list[tuple[str, bool, InstanceState, str | None, str | None, str | None]] = []
@@ -395,8 +396,7 @@ async def test_a_member_never_paused_is_replaced_not_taken_back(env: Env) -> Non
     pool as it is: it is deleted, and the refill makes a new one. The member a refill is
     making right now is left alone."""
     f = env.fleet
-    await f.create(InstanceSpec(instance_id="gold", image="img"))
-    await f.capture_state("gold", "st")
+    await golden_state(f)
     await f.configure_pool("p1", "st", 2, wait=True)
     slot = f.pools.slots["p1"]
     stale, making = slot.ready.pop(), slot.ready.pop()  # as a new server finds them
