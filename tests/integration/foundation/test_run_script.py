@@ -5,6 +5,7 @@ starts no second server."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 from tests.support.server import ROOT, ServerProcess
@@ -33,8 +34,15 @@ def test_command_one_again_while_its_server_runs_points_at_it(tmp_path: Path) ->
         assert f"http://127.0.0.1:{server.http_port}/" in again.stdout
         assert token in again.stdout
         assert server.alive(), "the second run disturbed the first server"
+        # the first run's banner, and the token its background check prints once the server
+        # answers /readyz (every 0.2 s): on a loaded machine that line may come a moment after
+        # our own /readyz did, so read the console as a user would, until it is there
+        deadline = time.monotonic() + 30
         first = server.log_text()
-        assert "agentic-sandbox server is up" in first and token in first
+        while not ("agentic-sandbox server is up" in first and token in first):
+            assert time.monotonic() < deadline, first[-3000:]
+            time.sleep(0.2)
+            first = server.log_text()
     finally:
         server.stop()
     assert not server.alive()
